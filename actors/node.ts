@@ -1,0 +1,88 @@
+/**
+ * The node supervisor machine: admission and capacity accounting for one node. Admission is the
+ * last word on placement — two placement replicas racing for one node cannot overfill it, because
+ * every create passes through this one actor's `ADMIT`, one event at a time.
+ */
+import { assign, setup } from 'xstate';
+import type { Resources } from '../protocol/index.ts';
+
+export interface NodeContext {
+  capacity: Resources;
+  allocated: Resources;
+  /** Resources held by each admitted sandbox, until it is released. */
+  holds: Record<string, Resources>;
+}
+
+export type NodeEvent =
+  | { type: 'ADMIT'; id: string; need: Resources }
+  | { type: 'RELEASE'; id: string }
+  | { type: 'DRAIN' }
+  | { type: 'STOP' };
+
+const zero = (): Resources => ({ cpu: 0, memoryMiB: 0, sandboxes: 0 });
+
+/** Why `need` does not fit (null when it does). Pure: used by the guard and to explain refusals. */
+export function refusal(ctx: NodeContext, need: Resources): string | null {
+  for (const k of ['cpu', 'memoryMiB', 'sandboxes'] as const) {
+    const free = ctx.capacity[k] - ctx.allocated[k];
+    // A small epsilon: CPU is fractional and sums of 0.1 drift.
+    if (need[k] > free + 1e-9) return `${k}: need ${need[k]}, free ${Math.max(0, round(free))} of ${ctx.capacity[k]}`;
+  }
+  return null;
+}
+
+const round = (x: number) => Math.round(x * 1000) / 1000;
+
+function add(a: Resources, b: Resources, sign: 1 | -1): Resources {
+  return {
+    cpu: round(a.cpu + sign * b.cpu),
+    memoryMiB: a.memoryMiB + sign * b.memoryMiB,
+    sandboxes: a.sandboxes + sign * b.sandboxes,
+  };
+}
+
+export const nodeMachine = setup({
+  types: {
+    context: {} as NodeContext,
+    input: {} as { capacity: Resources },
+    events: {} as NodeEvent,
+  },
+  guards: {
+    fits: ({ context, event }) => event.type === 'ADMIT' && !context.holds[event.id] && refusal(context, event.need) === null,
+    holds: ({ context, event }) => event.type === 'RELEASE' && context.holds[event.id] !== undefined,
+  },
+  actions: {
+    hold: assign(({ context, event }) => {
+      if (event.type !== 'ADMIT') return {};
+      return { allocated: add(context.allocated, event.need, 1), holds: { ...context.holds, [event.id]: event.need } };
+    }),
+    release: assign(({ context, event }) => {
+      if (event.type !== 'RELEASE') return {};
+      const held = context.holds[event.id];
+      if (!held) return {};
+      const { [event.id]: _, ...holds } = context.holds;
+      return { allocated: add(context.allocated, held, -1), holds };
+    }),
+  },
+}).createMachine({
+  id: 'node',
+  initial: 'serving',
+  context: ({ input }) => ({ capacity: input.capacity, allocated: zero(), holds: {} }),
+  on: {
+    RELEASE: { guard: 'holds', actions: 'release' },
+  },
+  states: {
+    serving: {
+      on: {
+        ADMIT: { guard: 'fits', actions: 'hold' },
+        DRAIN: 'draining',
+        STOP: 'stopped',
+      },
+    },
+    // Draining: sandboxes keep running, no new ones are admitted.
+    draining: {
+      on: { STOP: 'stopped' },
+    },
+    stopped: { type: 'final' },
+  },
+});

@@ -1,0 +1,116 @@
+/**
+ * Binds the placement machine to NATS: the node table comes from a watch on `pdk_nodes`, creates
+ * arrive on `pdk.v1.place.create` in a queue group, and each is forwarded to the best node's
+ * `create`. A node that refuses with NO_CAPACITY (or has died) passes the request to the next.
+ */
+import type { KV } from '@nats-io/kv';
+import { type NatsConnection, RequestError, type Subscription, TimeoutError } from '@nats-io/transport-node';
+import type { Logger } from 'pino';
+import { type Actor, createActor } from 'xstate';
+import {
+  type CreateReply,
+  decode,
+  encode,
+  isToken,
+  newSandboxId,
+  type NodeRecord,
+  PLACEMENT_QUEUE,
+  ProtocolError,
+  type Reply,
+  requireRecord,
+  subjects,
+  validateSpec,
+} from '../protocol/index.ts';
+import { traceHeaders } from '../protocol/trace.ts';
+import { serve } from './bind.ts';
+import { isLive, placementMachine, rank } from './placement.ts';
+
+/** How many nodes one create tries before giving up with NO_CAPACITY. */
+const MAX_TRIES = 3;
+const NODE_CREATE_TIMEOUT_MS = 120_000;
+
+export class PlacementHost {
+  private readonly actor: Actor<typeof placementMachine> = createActor(placementMachine);
+  private sub?: Subscription;
+  private stopWatch?: () => void;
+
+  constructor(
+    private readonly nc: NatsConnection,
+    private readonly nodes: KV,
+    private readonly log: Logger,
+  ) {}
+
+  async start(): Promise<void> {
+    this.actor.start();
+    await this.reload();
+    const watch = await this.nodes.watch({ key: '>' });
+    this.stopWatch = () => watch.stop();
+    void (async () => {
+      for await (const e of watch) {
+        if (e.operation === 'PUT') {
+          try {
+            this.actor.send({ type: 'NODE_SEEN', record: decode(e.value) as NodeRecord });
+          } catch (err) {
+            this.log.warn({ err, key: e.key }, 'bad node record');
+          }
+        } else this.actor.send({ type: 'NODE_GONE', node: e.key });
+      }
+    })();
+    this.sub = serve(this.nc, subjects.placeCreate, { queue: PLACEMENT_QUEUE, log: this.log, name: 'place.create' }, (req) => this.create(req.body));
+  }
+
+  /** Reads the whole node table: at start, and when a create finds no live node (the watch may lag). */
+  private async reload(): Promise<void> {
+    for await (const key of await this.nodes.keys()) {
+      const e = await this.nodes.get(key);
+      if (e && e.operation === 'PUT') this.actor.send({ type: 'NODE_SEEN', record: decode(e.value) as NodeRecord });
+    }
+  }
+
+  private async create(body: unknown): Promise<CreateReply> {
+    const b = requireRecord(body, 'create');
+    const spec = validateSpec(b.spec ?? {});
+    if (b.id !== undefined && !isToken(b.id)) throw new ProtocolError('INVALID_REQUEST', 'id: must be 1-64 characters of [A-Za-z0-9_-]');
+    const id = (b.id as string | undefined) ?? newSandboxId();
+    let ranking = rank(this.actor.getSnapshot().context, spec, Date.now());
+    if (ranking.nodes.length === 0) {
+      await this.reload();
+      ranking = rank(this.actor.getSnapshot().context, spec, Date.now());
+    }
+    if (ranking.nodes.length === 0) {
+      const live = Object.values(this.actor.getSnapshot().context.nodes).some((r) => isLive(r, Date.now()));
+      // A spec no live node could ever run is the caller's to fix; an empty cluster is ours.
+      throw new ProtocolError(live ? 'INVALID_SPEC' : 'NO_CAPACITY', `cannot place sandbox: ${ranking.reason}`);
+    }
+    const refusals: string[] = [];
+    for (const node of ranking.nodes.slice(0, MAX_TRIES)) {
+      this.actor.send({ type: 'SENT', node, cpu: spec.cpu, memoryMiB: spec.memoryMiB });
+      try {
+        const reply = await this.nc.request(subjects.node(node, 'create'), encode({ id, spec }), { timeout: NODE_CREATE_TIMEOUT_MS, headers: traceHeaders() });
+        const r = decode(reply.data) as Reply<CreateReply>;
+        if (r.ok) return r.result;
+        if (r.error.code !== 'NO_CAPACITY') throw new ProtocolError(r.error.code, r.error.message, { detail: r.error.detail });
+        refusals.push(`${node}: ${r.error.message}`);
+      } catch (err) {
+        if (err instanceof ProtocolError) throw err;
+        if (err instanceof RequestError && err.isNoResponders()) {
+          refusals.push(`${node}: not answering`);
+          continue;
+        }
+        if (err instanceof TimeoutError || (err as Error).cause instanceof TimeoutError) {
+          throw new ProtocolError('TIMEOUT', `node ${node} did not answer the create of ${id} in time`);
+        }
+        throw err;
+      } finally {
+        this.actor.send({ type: 'SETTLED', node, cpu: spec.cpu, memoryMiB: spec.memoryMiB });
+      }
+    }
+    throw new ProtocolError('NO_CAPACITY', `no node could admit the sandbox (${refusals.join('; ')})`);
+  }
+
+  stop(): void {
+    this.sub?.unsubscribe();
+    this.stopWatch?.();
+    this.actor.stop();
+  }
+}

@@ -1,0 +1,125 @@
+/**
+ * A Paddock on this host: an embedded nats-server and node processes, each node in its own
+ * mount namespace (see runtime/launch.ts). Used by `paddock up`, the tests and the benchmarks.
+ */
+import { type ChildProcess, spawn } from 'node:child_process';
+import { createWriteStream, type WriteStream } from 'node:fs';
+import { mkdir } from 'node:fs/promises';
+import { join } from 'node:path';
+import { nodeCommand } from '../runtime/launch.ts';
+import { type EmbeddedNats, startNats } from './nats.ts';
+
+export interface NodeProcess {
+  id: string;
+  proc: ChildProcess;
+  /** Where the node's JSON log goes (unless `inheritLogs`). */
+  logFile?: string;
+  /** SIGTERM, wait for a clean exit (sandboxes killed); SIGKILL after `graceMs`. */
+  stop(graceMs?: number): Promise<void>;
+  exited: Promise<number>;
+}
+
+export interface StartNodeOptions {
+  natsUrl: string;
+  home: string;
+  id: string;
+  imagesDir?: string;
+  env?: Record<string, string>;
+  /** Write the node's log to the terminal instead of a file. */
+  inheritLogs?: boolean;
+  readyTimeoutMs?: number;
+}
+
+export async function startNode(o: StartNodeOptions): Promise<NodeProcess> {
+  await mkdir(o.home, { recursive: true });
+  const { cmd, args, env } = nodeCommand();
+  const proc = spawn(cmd, args, {
+    stdio: ['ignore', 'pipe', o.inheritLogs ? 'inherit' : 'pipe'],
+    env: {
+      ...process.env,
+      ...env,
+      NATS_URL: o.natsUrl,
+      PADDOCK_HOME: o.home,
+      PADDOCK_NODE_ID: o.id,
+      ...(o.imagesDir ? { PADDOCK_IMAGES_DIR: o.imagesDir } : {}),
+      ...o.env,
+    },
+  });
+  let log: WriteStream | undefined;
+  const logFile = o.inheritLogs ? undefined : join(o.home, `node-${o.id}.log`);
+  if (logFile) {
+    log = createWriteStream(logFile, { flags: 'a' });
+    proc.stderr?.pipe(log);
+  }
+  const exited = new Promise<number>((r) => proc.on('exit', (c, s) => r(c ?? (s ? 128 : 1))));
+  let tail = '';
+  await new Promise<void>((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error(`node ${o.id} not ready after ${o.readyTimeoutMs ?? 120_000} ms: ${tail.slice(-2000)}`)), o.readyTimeoutMs ?? 120_000);
+    let ready = false;
+    proc.stdout?.on('data', (d: Buffer) => {
+      if (log) log.write(d);
+      else process.stdout.write(d);
+      if (!ready) {
+        tail = (tail + d.toString()).slice(-8000);
+        if (tail.includes('"msg":"node ready"')) {
+          ready = true;
+          clearTimeout(timer);
+          resolve();
+        }
+      }
+    });
+    void exited.then((c) => {
+      if (!ready) {
+        clearTimeout(timer);
+        reject(new Error(`node ${o.id} exited with ${c} before it was ready: ${tail.slice(-2000)}`));
+      }
+    });
+  });
+  return {
+    id: o.id,
+    proc,
+    logFile,
+    exited,
+    stop: async (graceMs = 30_000) => {
+      if (proc.exitCode !== null || proc.signalCode !== null) return;
+      proc.kill('SIGTERM');
+      const t = setTimeout(() => proc.kill('SIGKILL'), graceMs);
+      await exited;
+      clearTimeout(t);
+      log?.end();
+    },
+  };
+}
+
+export interface LocalCluster {
+  nats: EmbeddedNats;
+  url: string;
+  nodes: NodeProcess[];
+  stop(): Promise<void>;
+}
+
+/** nats-server + `nodes` node processes under `home` (node ids `<prefix>1`, `<prefix>2`, …). */
+export async function startLocalCluster(o: { home: string; nodes?: number; prefix?: string; imagesDir?: string; env?: Record<string, string>; inheritLogs?: boolean }): Promise<LocalCluster> {
+  const nats = await startNats({ dataDir: join(o.home, 'nats') });
+  const nodes: NodeProcess[] = [];
+  try {
+    const n = o.nodes ?? 1;
+    // One at a time: the first builds the shared busybox layer, the rest find it.
+    for (let i = 1; i <= n; i++) {
+      nodes.push(await startNode({ natsUrl: nats.url, home: o.home, id: `${o.prefix ?? 'node'}${i}`, imagesDir: o.imagesDir, env: o.env, inheritLogs: o.inheritLogs }));
+    }
+  } catch (e) {
+    await Promise.all(nodes.map((x) => x.stop()));
+    await nats.stop();
+    throw e;
+  }
+  return {
+    nats,
+    url: nats.url,
+    nodes,
+    stop: async () => {
+      await Promise.all(nodes.map((x) => x.stop()));
+      await nats.stop();
+    },
+  };
+}

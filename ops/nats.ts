@@ -1,0 +1,62 @@
+/**
+ * The embedded nats-server: started with JetStream on a free loopback port when no NATS_URL is
+ * given (npm start, tests, benchmarks). Debian's nats-server; the port comes from --ports_file_dir.
+ */
+import { type ChildProcess, spawn } from 'node:child_process';
+import { mkdir, readdir, readFile, writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
+
+export interface EmbeddedNats {
+  url: string;
+  port: number;
+  proc: ChildProcess;
+  stop(): Promise<void>;
+}
+
+/** Exec results carry up to 1 MiB of stdout and of stderr in one reply: allow 8 MiB messages. */
+export const MAX_PAYLOAD = 8 * 1024 * 1024;
+
+export async function startNats(opts: { dataDir: string; port?: number }): Promise<EmbeddedNats> {
+  await mkdir(opts.dataDir, { recursive: true });
+  const portsDir = join(opts.dataDir, 'ports');
+  await mkdir(portsDir, { recursive: true });
+  const conf = join(opts.dataDir, 'nats.conf');
+  await writeFile(conf, `max_payload: ${MAX_PAYLOAD}\nmax_pending: ${4 * MAX_PAYLOAD}\n`);
+  const proc = spawn('nats-server', ['-c', conf, '-a', '127.0.0.1', '-p', String(opts.port ?? -1), '-js', '-sd', join(opts.dataDir, 'jetstream'), '--ports_file_dir', portsDir], {
+    stdio: ['ignore', 'ignore', 'pipe'],
+  });
+  let stderr = '';
+  proc.stderr?.on('data', (d: Buffer) => {
+    stderr = (stderr + d.toString()).slice(-4000);
+  });
+  const exited = new Promise<number>((r) => proc.on('exit', (c) => r(c ?? 1)));
+  const deadline = Date.now() + 10_000;
+  for (;;) {
+    if (proc.exitCode !== null) throw new Error(`nats-server exited: ${stderr.trim()}`);
+    const file = (await readdir(portsDir).catch(() => [] as string[])).find((f) => f.includes(`_${proc.pid}.ports`));
+    if (file) {
+      const ports = JSON.parse(await readFile(join(portsDir, file), 'utf8').catch(() => '{}')) as { nats?: string[] };
+      const url = ports.nats?.[0];
+      if (url) {
+        const port = Number(new URL(url).port);
+        return {
+          url: `nats://127.0.0.1:${port}`,
+          port,
+          proc,
+          stop: async () => {
+            if (proc.exitCode === null) {
+              proc.kill('SIGTERM');
+              await Promise.race([exited, new Promise((r) => setTimeout(r, 5000))]);
+              if (proc.exitCode === null) proc.kill('SIGKILL');
+            }
+          },
+        };
+      }
+    }
+    if (Date.now() > deadline) {
+      proc.kill('SIGKILL');
+      throw new Error(`nats-server did not start: ${stderr.trim()}`);
+    }
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs what Paddock needs on a Debian host when it is missing: Debian packages (as root, via
+# apt-get) and node_modules (npm ci). Safe to run every time: it does nothing when all is there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+command -v nats-server >/dev/null 2>&1 || need+=(nats-server)
+command -v crun >/dev/null 2>&1 || need+=(crun)
+command -v mkfs.erofs >/dev/null 2>&1 || need+=(erofs-utils)
+# The base layer copies /bin/busybox into the sandbox: it must be the static build.
+if ! { [ -x /bin/busybox ] && { ldd /bin/busybox 2>&1 || true; } | grep -q 'not a dynamic'; }; then need+=(busybox-static); fi
+command -v unshare >/dev/null 2>&1 || need+=(util-linux)
+command -v mount >/dev/null 2>&1 || need+=(mount)
+command -v ip >/dev/null 2>&1 || need+=(iproute2)
+
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" != 0 ]; then
+    echo "paddock: missing Debian packages: ${need[*]} (run as root, or: apt-get install ${need[*]})" >&2
+    exit 1
+  fi
+  echo "paddock: installing ${need[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >&2
+  apt-get install -y -qq --no-install-recommends "${need[@]}" >&2
+fi
+
+if [ ! -d node_modules ] || [ package-lock.json -nt node_modules/.package-lock.json ]; then
+  echo "paddock: npm ci" >&2
+  npm ci --no-audit --no-fund >&2
+fi

@@ -1,0 +1,20 @@
+import { Packr } from 'msgpackr';
+import { ProtocolError } from './errors.ts';
+
+// useRecords: false keeps payloads standard MessagePack maps, readable by any client (nats-py +
+// msgpack included). moreTypes: false keeps msgpackr's private extensions off the wire.
+const packr = new Packr({ useRecords: false, moreTypes: false, int64AsType: 'number', mapsAsObjects: true });
+
+export function encode(value: unknown): Uint8Array {
+  return packr.pack(value);
+}
+
+/** Decodes a payload, mapping any decoder failure to INVALID_REQUEST. An empty payload is `{}`. */
+export function decode(data: Uint8Array): unknown {
+  if (data.length === 0) return {};
+  try {
+    return packr.unpack(data);
+  } catch (e) {
+    throw new ProtocolError('INVALID_REQUEST', 'payload is not valid MessagePack', { cause: e });
+  }
+}

@@ -1,0 +1,9 @@
+/** How a client finds an embedded Paddock started on this host without NATS_URL. */
+import { join } from 'node:path';
+
+export const DEFAULT_HOME = '/var/lib/paddock';
+
+/** File holding the URL of the embedded nats-server that `paddock up` started. */
+export function natsUrlFile(home: string = process.env.PADDOCK_HOME || DEFAULT_HOME): string {
+  return join(home, 'nats.url');
+}

@@ -1,0 +1,47 @@
+/**
+ * The one interface every kind of sandbox implements. The sandbox actor calls it; the node picks
+ * the implementation by `spec.backend`. A new backend is a new folder under runtime/ implementing
+ * this, nothing else moves.
+ */
+import type { BackendKind, SandboxSpec } from '../protocol/index.ts';
+import type { RootFiles } from './files.ts';
+import type { ImageManifest } from './images/store.ts';
+
+export interface ExecOptions {
+  cmd: string[];
+  cwd?: string;
+  env?: Record<string, string>;
+  stdin?: Uint8Array;
+  timeoutMs: number;
+  maxOutputBytes: number;
+  /** Called with each chunk as it arrives (streamed exec). Output is also collected unless `discard`. */
+  onOutput?: (stream: 'out' | 'err', chunk: Buffer) => void;
+  /** Do not keep output for the result (a stream delivers it already). */
+  discard?: boolean;
+  signal?: AbortSignal;
+}
+
+export interface ExecOutcome {
+  exitCode: number;
+  signal?: string;
+  stdout: Buffer;
+  stderr: Buffer;
+  durationMs: number;
+  truncated: boolean;
+  timedOut: boolean;
+}
+
+export interface Backend {
+  readonly kind: BackendKind;
+  /** All-or-nothing: on failure, whatever was set up is undone before the promise rejects. */
+  create(id: string, spec: SandboxSpec, image: ImageManifest): Promise<void>;
+  exec(id: string, opts: ExecOptions): Promise<ExecOutcome>;
+  /** The files API, confined to the sandbox's root. */
+  files(id: string): RootFiles;
+  /** Removes everything the sandbox had: processes, mounts, cgroups, state. Idempotent. */
+  destroy(id: string): Promise<void>;
+  /** Finds and removes the leftovers of a previous run of this node (after a crash). */
+  recover(): Promise<string[]>;
+  /** Unmounts shared layers and the like; sandboxes must be destroyed first. */
+  close(): Promise<void>;
+}

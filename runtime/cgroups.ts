@@ -1,0 +1,39 @@
+/**
+ * Which cgroup layout the host has. Production hosts are mostly pure v2; this development machine
+ * is hybrid (v1 controllers plus an empty cgroup2 at /sys/fs/cgroup/unified), which crun refuses —
+ * so the node unmounts `unified` inside its own private mount namespace (see node-main.ts).
+ */
+import { readFileSync } from 'node:fs';
+
+export type CgroupMode = 'v2' | 'hybrid' | 'v1';
+
+interface MountLine {
+  target: string;
+  fstype: string;
+}
+
+export function mounts(mountinfo = readFileSync('/proc/self/mountinfo', 'utf8')): MountLine[] {
+  const out: MountLine[] = [];
+  for (const line of mountinfo.split('\n')) {
+    if (!line) continue;
+    const [pre, post] = line.split(' - ');
+    const target = pre?.split(' ')[4];
+    const fstype = post?.split(' ')[0];
+    if (target && fstype) out.push({ target: target.replace(/\\040/g, ' '), fstype });
+  }
+  return out;
+}
+
+export function detectCgroups(mountinfo?: string): CgroupMode {
+  const m = mounts(mountinfo);
+  if (m.some((x) => x.target === '/sys/fs/cgroup' && x.fstype === 'cgroup2')) return 'v2';
+  if (m.some((x) => x.target === '/sys/fs/cgroup/unified' && x.fstype === 'cgroup2')) return 'hybrid';
+  return 'v1';
+}
+
+/** The host directory of a sandbox's cgroup for one controller (`memory`, `pids`, …). */
+export function cgroupDir(mode: CgroupMode, path: string, controller: string): string {
+  return mode === 'v2' ? `/sys/fs/cgroup${path}` : `/sys/fs/cgroup/${controller}${path}`;
+}
+
+export const V1_CONTROLLERS = ['cpu', 'cpuacct', 'cpuset', 'memory', 'devices', 'freezer', 'blkio', 'pids'] as const;

@@ -1,0 +1,183 @@
+/**
+ * One `crun exec`: spawn it, collect or stream its output under a cap, enforce the timeout, and
+ * kill the whole process tree when any of those (or the caller) says stop.
+ *
+ * crun gives the exec'd process its own session, so its process group holds the tree the command
+ * started; a process that calls setsid itself is caught by walking /proc children.
+ */
+import { spawn } from 'node:child_process';
+import { readdir, readFile, rm } from 'node:fs/promises';
+import { constants } from 'node:os';
+import type { ExecOptions, ExecOutcome } from '../backend.ts';
+
+/** After the command exits, how long to wait for background children that still hold its pipes. */
+const PIPE_GRACE_MS = 100;
+
+async function readPid(pidFile: string): Promise<number | null> {
+  const text = await readFile(pidFile, 'utf8').catch(() => '');
+  const pid = Number.parseInt(text.trim(), 10);
+  return Number.isInteger(pid) && pid > 1 ? pid : null;
+}
+
+async function statOf(pid: number): Promise<{ ppid: number; pgid: number } | null> {
+  const s = await readFile(`/proc/${pid}/stat`, 'utf8').catch(() => null);
+  if (!s) return null;
+  // The command name may contain spaces and parentheses: fields start after the last ')'.
+  const f = s.slice(s.lastIndexOf(')') + 2).split(' ');
+  return { ppid: Number(f[1]), pgid: Number(f[2]) };
+}
+
+async function descendants(pid: number, into: Set<number>): Promise<void> {
+  const tasks = await readdir(`/proc/${pid}/task`).catch(() => [] as string[]);
+  for (const tid of tasks) {
+    const children = await readFile(`/proc/${pid}/task/${tid}/children`, 'utf8').catch(() => '');
+    for (const c of children.split(' ')) {
+      const n = Number.parseInt(c, 10);
+      if (n > 1 && !into.has(n)) {
+        into.add(n);
+        await descendants(n, into);
+      }
+    }
+  }
+}
+
+function kill(pid: number): void {
+  try {
+    process.kill(pid, 'SIGKILL');
+  } catch {
+    // already gone
+  }
+}
+
+/** Kills the process `pid` started and everything it forked. */
+export async function killTree(pid: number): Promise<void> {
+  const st = await statOf(pid);
+  // Its group first, in one syscall: a fork bomb cannot outrun it.
+  if (st && st.pgid > 1) kill(-st.pgid);
+  const tree = new Set<number>();
+  await descendants(pid, tree);
+  kill(pid);
+  for (const p of tree) kill(p);
+}
+
+export interface CrunExecArgs {
+  crun: string;
+  root: string;
+  id: string;
+  pidFile: string;
+}
+
+export function execInContainer(a: CrunExecArgs, opts: ExecOptions): Promise<ExecOutcome> {
+  const args = ['--root', a.root, 'exec', '--pid-file', a.pidFile];
+  if (opts.cwd) args.push('--cwd', opts.cwd);
+  for (const [k, v] of Object.entries(opts.env ?? {})) args.push('--env', `${k}=${v}`);
+  args.push(a.id, ...opts.cmd);
+
+  const started = performance.now();
+  return new Promise<ExecOutcome>((resolve) => {
+    const child = spawn(a.crun, args, { stdio: ['pipe', 'pipe', 'pipe'] });
+    const out: Buffer[] = [];
+    const err: Buffer[] = [];
+    const seen = { out: 0, err: 0 };
+    let truncated = false;
+    let timedOut = false;
+    let killing: Promise<void> | null = null;
+    let finished = false;
+    let exitCode: number | null = null;
+    let exitSignal: NodeJS.Signals | null = null;
+    let graceTimer: NodeJS.Timeout | undefined;
+
+    const stop = () => {
+      killing ??= (async () => {
+        // The pid file appears once crun has started the process; a stop that comes earlier waits for it.
+        for (let i = 0; i < 50; i++) {
+          const pid = await readPid(a.pidFile);
+          if (pid) {
+            await killTree(pid);
+            break;
+          }
+          if (exitCode !== null) break;
+          await new Promise((r) => setTimeout(r, 10));
+        }
+        child.kill('SIGKILL');
+      })();
+    };
+
+    const onData = (which: 'out' | 'err', buf: Buffer[]) => (chunk: Buffer) => {
+      const room = opts.maxOutputBytes - seen[which];
+      if (room <= 0) {
+        if (chunk.length > 0 && !truncated) {
+          truncated = true;
+          stop();
+        }
+        return;
+      }
+      const part = chunk.length > room ? chunk.subarray(0, room) : chunk;
+      seen[which] += part.length;
+      if (!opts.discard) buf.push(part);
+      opts.onOutput?.(which, part);
+      if (chunk.length > room) {
+        truncated = true;
+        stop();
+      }
+    };
+    child.stdout.on('data', onData('out', out));
+    child.stderr.on('data', onData('err', err));
+
+    const timer = setTimeout(() => {
+      timedOut = true;
+      stop();
+    }, opts.timeoutMs);
+    const onAbort = () => stop();
+    opts.signal?.addEventListener('abort', onAbort, { once: true });
+
+    const finish = () => {
+      if (finished) return;
+      finished = true;
+      clearTimeout(timer);
+      clearTimeout(graceTimer);
+      opts.signal?.removeEventListener('abort', onAbort);
+      child.stdout.destroy();
+      child.stderr.destroy();
+      void rm(a.pidFile, { force: true });
+      let code = exitCode ?? 1;
+      let signal: string | undefined;
+      if (exitSignal) {
+        signal = exitSignal;
+        code = 128 + (constants.signals[exitSignal] ?? 0);
+      } else if (code > 128 && code < 128 + 65) {
+        // crun reports a process killed by signal N as exit 128+N, like a shell.
+        signal = Object.entries(constants.signals).find(([, n]) => n === code - 128)?.[0];
+      }
+      const outcome: ExecOutcome = {
+        exitCode: code,
+        stdout: Buffer.concat(out),
+        stderr: Buffer.concat(err),
+        durationMs: Math.round((performance.now() - started) * 1000) / 1000,
+        truncated,
+        timedOut,
+      };
+      if (signal) outcome.signal = signal;
+      resolve(outcome);
+    };
+
+    child.on('error', (e) => {
+      err.push(Buffer.from(`crun exec: ${e.message}\n`));
+      exitCode = 127;
+      finish();
+    });
+    child.on('exit', (code, signal) => {
+      exitCode = code;
+      exitSignal = signal;
+      // Background children may keep the pipes open: give them a moment, then return anyway.
+      graceTimer = setTimeout(finish, PIPE_GRACE_MS);
+    });
+    child.on('close', () => finish());
+
+    child.stdin.on('error', () => {
+      // The command exited without reading its stdin: not an error of the exec.
+    });
+    if (opts.stdin && opts.stdin.length > 0) child.stdin.end(opts.stdin);
+    else child.stdin.end();
+  });
+}

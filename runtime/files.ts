@@ -1,0 +1,232 @@
+/**
+ * The files API on the host side, confined to a sandbox's root directory.
+ *
+ * The agent inside owns that tree and may plant symlinks, `..` tricks, FIFOs or device files, and
+ * may swap a directory for a symlink while we walk it. So paths are resolved in two steps:
+ * 1. logically, as if chrooted: symlinks are expanded against the sandbox root, `..` stops at it;
+ * 2. physically, one component at a time from an fd of the root, each opened through
+ *    `/proc/self/fd/<dir>/<name>` with O_NOFOLLOW — an `openat` without a native addon. A component
+ *    swapped for a symlink between the two steps fails with ELOOP instead of being followed.
+ * Only regular files are read or written; anything else is FORBIDDEN.
+ */
+import { constants } from 'node:fs';
+import { type FileHandle, lstat, mkdir, open, readdir, readlink, rmdir, unlink } from 'node:fs/promises';
+import { join } from 'node:path';
+import type { FileEntry, FileType } from '../protocol/index.ts';
+import { Limits, ProtocolError } from '../protocol/index.ts';
+
+const { O_RDONLY, O_WRONLY, O_CREAT, O_TRUNC, O_NOFOLLOW, O_NONBLOCK, O_DIRECTORY } = constants;
+const MAX_LINKS = 40;
+
+function errnoOf(e: unknown): string | undefined {
+  return (e as NodeJS.ErrnoException | undefined)?.code;
+}
+
+function fail(e: unknown, path: string): never {
+  if (e instanceof ProtocolError) throw e;
+  switch (errnoOf(e)) {
+    case 'ENOENT':
+      throw new ProtocolError('NOT_FOUND', `${path}: no such file or directory`);
+    case 'ELOOP':
+      throw new ProtocolError('FORBIDDEN', `${path}: path changed to a symlink while being accessed`);
+    case 'ENOTDIR':
+      throw new ProtocolError('INVALID_REQUEST', `${path}: a component is not a directory`);
+    case 'EISDIR':
+      throw new ProtocolError('INVALID_REQUEST', `${path}: is a directory`);
+    case 'ENOTEMPTY':
+      throw new ProtocolError('INVALID_REQUEST', `${path}: directory not empty (pass recursive)`);
+    case 'ENXIO':
+      throw new ProtocolError('FORBIDDEN', `${path}: not a regular file`);
+    case 'ENOSPC':
+    case 'EDQUOT':
+      throw new ProtocolError('BACKEND_FAILED', `${path}: no space left in the sandbox`);
+    case 'EACCES':
+    case 'EPERM':
+    case 'EROFS':
+      throw new ProtocolError('FORBIDDEN', `${path}: permission denied`);
+    default:
+      throw e;
+  }
+}
+
+const viaFd = (fd: number, name: string) => `/proc/self/fd/${fd}/${name}`;
+
+export class RootFiles {
+  constructor(readonly root: string) {}
+
+  /** Step 1: the path's components as the sandbox would see them, symlinks expanded in-root. */
+  async resolve(path: string, followFinal: boolean): Promise<string[]> {
+    const stack: string[] = [];
+    let queue = path.split('/').filter((c) => c !== '' && c !== '.');
+    let links = 0;
+    let missing = false;
+    while (queue.length > 0) {
+      const c = queue.shift() as string;
+      if (c === '..') {
+        stack.pop();
+        continue;
+      }
+      if (!missing && (queue.length > 0 || followFinal)) {
+        const host = join(this.root, ...stack, c);
+        const st = await lstat(host).catch((e: unknown) => {
+          if (errnoOf(e) === 'ENOENT' || errnoOf(e) === 'ENOTDIR') return null;
+          throw e;
+        });
+        if (st === null) missing = true;
+        else if (st.isSymbolicLink()) {
+          if (++links > MAX_LINKS) throw new ProtocolError('FORBIDDEN', `${path}: too many levels of symbolic links`);
+          const target = await readlink(host);
+          if (target.startsWith('/')) stack.length = 0;
+          queue = [...target.split('/').filter((x) => x !== '' && x !== '.'), ...queue];
+          continue;
+        }
+      }
+      stack.push(c);
+    }
+    return stack;
+  }
+
+  /** Step 2: an fd of the directory `parts`, walked one O_NOFOLLOW component at a time. */
+  private async openDir(parts: string[], create: boolean): Promise<FileHandle> {
+    let cur = await open(this.root, O_RDONLY | O_DIRECTORY);
+    try {
+      for (const c of parts) {
+        const p = viaFd(cur.fd, c);
+        let next: FileHandle;
+        try {
+          next = await open(p, O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
+        } catch (e) {
+          if (!(create && errnoOf(e) === 'ENOENT')) throw e;
+          await mkdir(p, { mode: 0o755 }).catch((e2: unknown) => {
+            if (errnoOf(e2) !== 'EEXIST') throw e2;
+          });
+          next = await open(p, O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
+        }
+        await cur.close();
+        cur = next;
+      }
+      return cur;
+    } catch (e) {
+      await cur.close();
+      throw e;
+    }
+  }
+
+  private async withParent<T>(path: string, followFinal: boolean, create: boolean, fn: (dir: FileHandle, name: string) => Promise<T>): Promise<T> {
+    try {
+      const parts = await this.resolve(path, followFinal);
+      const name = parts.pop();
+      if (name === undefined) throw new ProtocolError('INVALID_REQUEST', `${path}: is the root directory`);
+      const dir = await this.openDir(parts, create);
+      try {
+        return await fn(dir, name);
+      } finally {
+        await dir.close();
+      }
+    } catch (e) {
+      fail(e, path);
+    }
+  }
+
+  async read(path: string, offset = 0, length: number = Limits.files.chunkMax): Promise<{ data: Buffer; size: number; eof: boolean }> {
+    const want = Math.min(length, Limits.files.chunkMax);
+    return this.withParent(path, true, false, async (dir, name) => {
+      const p = viaFd(dir.fd, name);
+      const pre = await lstat(p);
+      if (pre.isDirectory()) throw new ProtocolError('INVALID_REQUEST', `${path}: is a directory`);
+      if (!pre.isFile()) throw new ProtocolError('FORBIDDEN', `${path}: not a regular file`);
+      const fh = await open(p, O_RDONLY | O_NOFOLLOW | O_NONBLOCK);
+      try {
+        const st = await fh.stat();
+        if (!st.isFile()) throw new ProtocolError('FORBIDDEN', `${path}: not a regular file`);
+        const n = Math.max(0, Math.min(want, st.size - offset));
+        const buf = Buffer.allocUnsafe(n);
+        let got = 0;
+        while (got < n) {
+          const { bytesRead } = await fh.read(buf, got, n - got, offset + got);
+          if (bytesRead === 0) break;
+          got += bytesRead;
+        }
+        return { data: buf.subarray(0, got), size: st.size, eof: offset + got >= st.size };
+      } finally {
+        await fh.close();
+      }
+    });
+  }
+
+  /** Replaces the file (offset undefined) or writes at `offset` (chunked uploads). Parents are created. */
+  async write(path: string, data: Uint8Array, opts: { offset?: number; mode?: number } = {}): Promise<{ size: number }> {
+    if (data.length > Limits.files.chunkMax) throw new ProtocolError('PAYLOAD_TOO_LARGE', `write chunk larger than ${Limits.files.chunkMax} bytes`);
+    return this.withParent(path, true, true, async (dir, name) => {
+      const p = viaFd(dir.fd, name);
+      const pre = await lstat(p).catch((e: unknown) => {
+        if (errnoOf(e) === 'ENOENT') return null;
+        throw e;
+      });
+      if (pre?.isDirectory()) throw new ProtocolError('INVALID_REQUEST', `${path}: is a directory`);
+      if (pre && !pre.isFile()) throw new ProtocolError('FORBIDDEN', `${path}: not a regular file`);
+      const flags = O_WRONLY | O_CREAT | O_NOFOLLOW | O_NONBLOCK | (opts.offset === undefined ? O_TRUNC : 0);
+      const fh = await open(p, flags, opts.mode ?? 0o644);
+      try {
+        const st = await fh.stat();
+        if (!st.isFile()) throw new ProtocolError('FORBIDDEN', `${path}: not a regular file`);
+        let done = 0;
+        const base = opts.offset ?? 0;
+        while (done < data.length) {
+          const { bytesWritten } = await fh.write(data, done, data.length - done, base + done);
+          done += bytesWritten;
+        }
+        if (opts.mode !== undefined) await fh.chmod(opts.mode & 0o7777);
+        return { size: (await fh.stat()).size };
+      } finally {
+        await fh.close();
+      }
+    });
+  }
+
+  async list(path: string): Promise<FileEntry[]> {
+    try {
+      const parts = await this.resolve(path, true);
+      const dir = await this.openDir(parts, false);
+      try {
+        const names = await readdir(`/proc/self/fd/${dir.fd}`);
+        const entries: FileEntry[] = [];
+        for (const name of names.sort()) {
+          const st = await lstat(viaFd(dir.fd, name)).catch(() => null);
+          if (!st) continue;
+          const type: FileType = st.isFile() ? 'file' : st.isDirectory() ? 'dir' : st.isSymbolicLink() ? 'symlink' : 'other';
+          entries.push({ name, type, size: st.size, mode: st.mode & 0o7777, mtimeMs: Math.floor(st.mtimeMs) });
+        }
+        return entries;
+      } finally {
+        await dir.close();
+      }
+    } catch (e) {
+      fail(e, path);
+    }
+  }
+
+  async remove(path: string, recursive: boolean): Promise<void> {
+    await this.withParent(path, false, false, async (dir, name) => {
+      await removeAt(dir, name, recursive);
+    });
+  }
+}
+
+async function removeAt(dir: FileHandle, name: string, recursive: boolean): Promise<void> {
+  const p = viaFd(dir.fd, name);
+  const st = await lstat(p);
+  if (!st.isDirectory()) {
+    await unlink(p);
+    return;
+  }
+  if (recursive) {
+    const sub = await open(p, O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
+    try {
+      for (const child of await readdir(`/proc/self/fd/${sub.fd}`)) await removeAt(sub, child, true);
+    } finally {
+      await sub.close();
+    }
+  }
+  await rmdir(p);
+}

@@ -1,0 +1,24 @@
+/**
+ * How a node process is started. The node runs in a private mount namespace of its own: its
+ * layer and overlay mounts are invisible to the host and vanish with it, and on a hybrid-cgroup
+ * host it can unmount the empty cgroup2 at /sys/fs/cgroup/unified that makes crun refuse to run.
+ * `unshare` and `sh` exec in place, so the pid a caller gets is the node's own.
+ */
+import { fileURLToPath } from 'node:url';
+import { detectCgroups } from './cgroups.ts';
+
+export const NS_MARK = 'PADDOCK_IN_NS';
+
+export function nodeMainPath(): string {
+  return fileURLToPath(new URL('./node-main.ts', import.meta.url));
+}
+
+/** The command line that runs a node: `unshare … node --import tsx runtime/node-main.ts`. */
+export function nodeCommand(): { cmd: string; args: string[]; env: Record<string, string> } {
+  const prep = detectCgroups() === 'hybrid' ? 'umount /sys/fs/cgroup/unified && ' : '';
+  return {
+    cmd: 'unshare',
+    args: ['--mount', '--propagation', 'private', '--', '/bin/sh', '-c', `${prep}exec "$@"`, 'sh', process.execPath, '--import', import.meta.resolve('tsx'), nodeMainPath()],
+    env: { [NS_MARK]: '1' },
+  };
+}

@@ -1,0 +1,46 @@
+/**
+ * Entry point of a node process. Run it through `nodeCommand()` (launch.ts); started any other
+ * way it relaunches itself there and forwards signals.
+ */
+import { spawn } from 'node:child_process';
+import { createLogger } from '../ops/log.ts';
+import { setupTelemetry, shutdownTelemetry } from '../ops/telemetry.ts';
+import { loadConfig } from './config.ts';
+import { NS_MARK, nodeCommand } from './launch.ts';
+import { PaddockNode } from './node.ts';
+
+async function main(): Promise<void> {
+  if (process.env[NS_MARK] !== '1') {
+    const { cmd, args, env } = nodeCommand();
+    const child = spawn(cmd, args, { stdio: 'inherit', env: { ...process.env, ...env } });
+    for (const sig of ['SIGINT', 'SIGTERM'] as const) process.on(sig, () => child.kill(sig));
+    child.on('exit', (code, signal) => process.exit(code ?? (signal ? 1 : 0)));
+    return;
+  }
+  const cfg = loadConfig();
+  const log = createLogger('paddock-node', cfg.logLevel).child({ node: cfg.nodeId });
+  setupTelemetry(`paddock-node`);
+  const node = new PaddockNode(cfg, log);
+  let stopping = false;
+  const stop = async (sig: string) => {
+    if (stopping) return;
+    stopping = true;
+    log.info({ sig }, 'node stopping');
+    await node.stop().catch((err: unknown) => log.error({ err }, 'stop failed'));
+    await shutdownTelemetry();
+    log.info('node stopped');
+    process.exit(0);
+  };
+  process.on('SIGINT', () => void stop('SIGINT'));
+  process.on('SIGTERM', () => void stop('SIGTERM'));
+  try {
+    await node.start();
+  } catch (err) {
+    log.fatal({ err }, 'node failed to start');
+    await node.stop().catch(() => {});
+    process.exit(1);
+  }
+  log.info({ capacity: node.capacity, nats: cfg.natsUrl }, 'node ready');
+}
+
+await main();

@@ -1,0 +1,121 @@
+/** The entry point: `Paddock.connect()`, then `pdk.sandboxes.create(...)`. */
+import { readFileSync } from 'node:fs';
+import { type KV, Kvm } from '@nats-io/kv';
+import { connect, type NatsConnection } from '@nats-io/transport-node';
+import { natsUrlFile } from '../protocol/discovery.ts';
+import { Buckets, type CreateReply, decode, type SandboxInfo, type SandboxSpec, type SandboxState, subjects } from '../protocol/index.ts';
+import { NotFoundError, UnavailableError } from './errors.ts';
+import { Sandbox } from './sandbox.ts';
+import { type CallOptions, Transport } from './transport.ts';
+
+export interface ConnectOptions {
+  /** NATS URL(s). Default: $NATS_URL, else the embedded NATS that `npm start` wrote down. */
+  servers?: string | string[];
+  /** Default timeout of remote calls (default 60 s). */
+  timeoutMs?: number;
+  name?: string;
+}
+
+export type CreateSpec = Partial<SandboxSpec>;
+
+export interface ListOptions extends CallOptions {
+  labels?: Record<string, string>;
+  group?: string;
+  /** Include sandboxes that have ended (default: only live ones). */
+  all?: boolean;
+}
+
+const LIVE: ReadonlySet<SandboxState> = new Set(['creating', 'running', 'stopping']);
+
+function defaultServers(): string {
+  if (process.env.NATS_URL) return process.env.NATS_URL;
+  try {
+    return readFileSync(natsUrlFile(), 'utf8').trim();
+  } catch {
+    throw new UnavailableError('UNAVAILABLE', `no NATS_URL and no embedded Paddock found (${natsUrlFile()}): run 'npm start' or set NATS_URL`);
+  }
+}
+
+export class Paddock {
+  readonly sandboxes: Sandboxes;
+
+  private constructor(
+    readonly nc: NatsConnection,
+    private readonly t: Transport,
+  ) {
+    this.sandboxes = new Sandboxes(t);
+  }
+
+  static async connect(opts: ConnectOptions = {}): Promise<Paddock> {
+    const servers = opts.servers ?? defaultServers();
+    const nc = await connect({ servers, name: opts.name ?? 'paddock-sdk' }).catch((err: unknown) => {
+      throw new UnavailableError('UNAVAILABLE', `cannot connect to NATS at ${servers}: ${(err as Error).message}`, { cause: err });
+    });
+    return new Paddock(nc, new Transport(nc, opts.timeoutMs ?? 60_000));
+  }
+
+  async close(): Promise<void> {
+    await this.nc.drain();
+  }
+
+  async [Symbol.asyncDispose](): Promise<void> {
+    await this.close();
+  }
+}
+
+export class Sandboxes {
+  private kv?: Promise<KV>;
+
+  constructor(private readonly t: Transport) {}
+
+  private directory(): Promise<KV> {
+    this.kv ??= new Kvm(this.t.nc).open(Buckets.sandboxes);
+    return this.kv;
+  }
+
+  /** @internal the directory record of a sandbox, or null. */
+  readonly lookup = async (id: string): Promise<SandboxInfo | null> => {
+    const e = await (await this.directory()).get(id);
+    return e && e.operation === 'PUT' ? (decode(e.value) as SandboxInfo) : null;
+  };
+
+  /** Creates a sandbox and resolves once it runs. */
+  async create(spec: CreateSpec = {}, opts?: CallOptions): Promise<Sandbox> {
+    const r = await this.t.request<CreateReply>(subjects.placeCreate, { spec }, opts);
+    return new Sandbox(this.t, r.sandbox, this.lookup);
+  }
+
+  /** A sandbox by id, with its current record (ended sandboxes included while the directory keeps them). */
+  async get(id: string, opts?: CallOptions): Promise<Sandbox> {
+    const sb = new Sandbox(this.t, { id } as SandboxInfo, this.lookup);
+    try {
+      await sb.refresh(opts);
+    } catch (err) {
+      if (err instanceof NotFoundError && sb.info.state) return sb;
+      throw err;
+    }
+    if (!sb.info.state) throw new NotFoundError('NOT_FOUND', `sandbox ${id} does not exist`);
+    return sb;
+  }
+
+  /** Sandboxes from the directory, filtered by labels (all must match) and group. */
+  async list(opts: ListOptions = {}): Promise<SandboxInfo[]> {
+    const kv = await this.directory();
+    const out: SandboxInfo[] = [];
+    const keys: string[] = [];
+    for await (const k of await kv.keys()) keys.push(k);
+    const batch = 64;
+    for (let i = 0; i < keys.length; i += batch) {
+      const got = await Promise.all(keys.slice(i, i + batch).map((k) => kv.get(k)));
+      for (const e of got) {
+        if (!e || e.operation !== 'PUT') continue;
+        const info = decode(e.value) as SandboxInfo;
+        if (!opts.all && !LIVE.has(info.state)) continue;
+        if (opts.group !== undefined && info.group !== opts.group) continue;
+        if (opts.labels && !Object.entries(opts.labels).every(([k, v]) => info.labels?.[k] === v)) continue;
+        out.push(info);
+      }
+    }
+    return out.sort((a, b) => a.createdAt - b.createdAt);
+  }
+}

@@ -1,0 +1,238 @@
+/** A handle on one sandbox: exec, streamed exec, files, kill. Small on purpose; verbs group under sub-objects. */
+import { createInbox, type Msg } from '@nats-io/transport-node';
+import {
+  decode,
+  encode,
+  type ExecEvent,
+  type ExecResult as WireExecResult,
+  type FileEntry,
+  type FilesReadReply,
+  type FilesWriteReply,
+  Limits,
+  type Reply,
+  type SandboxInfo,
+  type SandboxVerb,
+  subjects,
+} from '../protocol/index.ts';
+import { traceHeaders } from '../protocol/trace.ts';
+import { CancelledError, errorFromWire, NotFoundError, TimeoutError } from './errors.ts';
+import type { CallOptions, Transport } from './transport.ts';
+
+export interface ExecOptions extends CallOptions {
+  cwd?: string;
+  env?: Record<string, string>;
+  stdin?: string | Uint8Array;
+  /** Cap on stdout and on stderr, each (default: the node's, 1 MiB). Past it the command is killed. */
+  maxOutputBytes?: number;
+}
+
+export interface ExecResult {
+  exitCode: number;
+  /** The signal that ended the command, if one did (exitCode is then 128 + its number). */
+  signal?: string;
+  stdout: string;
+  stderr: string;
+  durationMs: number;
+  /** Output hit the cap: the command was killed and its output cut there. */
+  truncated: boolean;
+  /** The command ran past `timeoutMs` and was killed; the output is what it printed until then. */
+  timedOut: boolean;
+}
+
+export type ExecStreamEvent =
+  | { type: 'stdout' | 'stderr'; data: Uint8Array; text: string }
+  | { type: 'exit'; exitCode: number; signal?: string; durationMs: number; truncated: boolean; timedOut: boolean };
+
+/** Past the command's own timeout, how long to wait for the node's answer. */
+const REPLY_MARGIN_MS = 10_000;
+const DEFAULT_EXEC_TIMEOUT_MS = Limits.exec.timeoutMs.default;
+const utf8 = new TextDecoder();
+
+function execBody(cmd: string | string[], opts: ExecOptions) {
+  return {
+    cmd: typeof cmd === 'string' ? ['/bin/sh', '-c', cmd] : cmd,
+    timeoutMs: opts.timeoutMs ?? DEFAULT_EXEC_TIMEOUT_MS,
+    ...(opts.cwd !== undefined ? { cwd: opts.cwd } : {}),
+    ...(opts.env !== undefined ? { env: opts.env } : {}),
+    ...(opts.stdin !== undefined ? { stdin: typeof opts.stdin === 'string' ? new TextEncoder().encode(opts.stdin) : opts.stdin } : {}),
+    ...(opts.maxOutputBytes !== undefined ? { maxOutputBytes: opts.maxOutputBytes } : {}),
+  };
+}
+
+export class Sandbox {
+  readonly files: SandboxFiles;
+
+  constructor(
+    private readonly t: Transport,
+    /** Last known record; `refresh()` fetches a new one. */
+    public info: SandboxInfo,
+    private readonly lookup: (id: string) => Promise<SandboxInfo | null>,
+  ) {
+    this.files = new SandboxFiles(this);
+  }
+
+  get id(): string {
+    return this.info.id;
+  }
+
+  /** @internal */
+  call<T>(verb: SandboxVerb, body: unknown, opts: CallOptions = {}): Promise<T> {
+    return this.t.request<T>(subjects.sandbox(this.id, verb), body, opts, () => this.gone());
+  }
+
+  /** No actor answers: the sandbox ended (say how) or never existed. */
+  private async gone(): Promise<never> {
+    const rec = await this.lookup(this.id).catch(() => null);
+    if (rec) {
+      this.info = rec;
+      throw new NotFoundError('NOT_FOUND', `sandbox ${this.id} is ${rec.state}${rec.reason ? ` (${rec.reason})` : ''}`, { detail: { state: rec.state, reason: rec.reason } });
+    }
+    throw new NotFoundError('NOT_FOUND', `sandbox ${this.id} does not exist`);
+  }
+
+  async refresh(opts?: CallOptions): Promise<SandboxInfo> {
+    try {
+      this.info = await this.call<SandboxInfo>('info', {}, opts);
+    } catch (err) {
+      if (err instanceof NotFoundError && err.detail?.state) return this.info;
+      throw err;
+    }
+    return this.info;
+  }
+
+  /** Runs a command (an argv array, or a string for `/bin/sh -c`) to completion. */
+  async exec(cmd: string | string[], opts: ExecOptions = {}): Promise<ExecResult> {
+    const body = execBody(cmd, opts);
+    const r = await this.call<WireExecResult>('exec', body, { timeoutMs: body.timeoutMs + REPLY_MARGIN_MS, signal: opts.signal });
+    const out: ExecResult = {
+      exitCode: r.exitCode,
+      stdout: utf8.decode(r.stdout),
+      stderr: utf8.decode(r.stderr),
+      durationMs: r.durationMs,
+      truncated: r.truncated,
+      timedOut: r.timedOut,
+    };
+    if (r.signal) out.signal = r.signal;
+    return out;
+  }
+
+  /**
+   * Runs a command and yields its output as it comes, then one `exit` event. Breaking out of the
+   * loop, or aborting `signal`, kills the command.
+   */
+  async *execStream(cmd: string | string[], opts: ExecOptions = {}): AsyncGenerator<ExecStreamEvent, void, undefined> {
+    const body = execBody(cmd, opts);
+    const execId = `e${Math.random().toString(36).slice(2, 14)}`;
+    const nc = this.t.nc;
+    const inbox = createInbox();
+    const queue: Msg[] = [];
+    let wake: (() => void) | null = null;
+    const sub = nc.subscribe(inbox, {
+      callback: (_err, m) => {
+        queue.push(m);
+        wake?.();
+      },
+    });
+    let done = false;
+    const idleMs = body.timeoutMs + REPLY_MARGIN_MS;
+    try {
+      nc.publish(subjects.sandbox(this.id, 'exec'), encode({ ...body, stream: true, execId }), { reply: inbox, headers: traceHeaders() });
+      for (;;) {
+        if (queue.length === 0) {
+          if (opts.signal?.aborted) throw new CancelledError('CANCELLED', 'the stream was cancelled');
+          let timer: NodeJS.Timeout | undefined;
+          const onAbort = () => wake?.();
+          opts.signal?.addEventListener('abort', onAbort, { once: true });
+          const timedOut = await new Promise<boolean>((resolve) => {
+            wake = () => resolve(false);
+            timer = setTimeout(() => resolve(true), idleMs);
+          });
+          wake = null;
+          clearTimeout(timer);
+          opts.signal?.removeEventListener('abort', onAbort);
+          if (timedOut) throw new TimeoutError('TIMEOUT', `no output or exit from sandbox ${this.id} within ${idleMs} ms`);
+          continue;
+        }
+        const m = queue.shift() as Msg;
+        if (m.headers?.code === 503) await this.gone();
+        const ev = decode(m.data) as ExecEvent | Reply<unknown>;
+        if ('ok' in ev) {
+          done = true;
+          if (!ev.ok) throw errorFromWire(ev.error);
+          continue;
+        }
+        switch (ev.t) {
+          case 'out':
+          case 'err':
+            yield { type: ev.t === 'out' ? 'stdout' : 'stderr', data: ev.d, text: utf8.decode(ev.d) };
+            break;
+          case 'exit': {
+            done = true;
+            const { t: _, ...rest } = ev;
+            yield { type: 'exit', ...rest };
+            return;
+          }
+          case 'error':
+            done = true;
+            throw errorFromWire(ev.error);
+        }
+      }
+    } finally {
+      sub.unsubscribe();
+      if (!done) nc.publish(subjects.sandbox(this.id, 'exec.cancel'), encode({ execId }));
+    }
+  }
+
+  /** Kills the sandbox and waits until it is gone. Killing a sandbox that already ended is a no-op. */
+  async kill(opts?: CallOptions): Promise<SandboxInfo> {
+    try {
+      this.info = await this.call<SandboxInfo>('kill', {}, opts);
+    } catch (err) {
+      if (err instanceof NotFoundError && err.detail?.state) return this.info;
+      throw err;
+    }
+    return this.info;
+  }
+}
+
+/** Files inside the sandbox. Large files move in chunks; paths are absolute. */
+export class SandboxFiles {
+  constructor(private readonly sb: Sandbox) {}
+
+  async read(path: string, opts?: CallOptions & { maxBytes?: number }): Promise<Uint8Array> {
+    const max = opts?.maxBytes ?? 256 * 1024 * 1024;
+    const parts: Uint8Array[] = [];
+    let offset = 0;
+    for (;;) {
+      const r = await this.sb.call<FilesReadReply>('files.read', { path, offset, length: Limits.files.chunkMax }, opts);
+      if (r.size > max) throw new CancelledError('CANCELLED', `${path} is ${r.size} bytes, more than maxBytes ${max}`);
+      parts.push(r.data);
+      offset += r.data.length;
+      if (r.eof || r.data.length === 0) break;
+    }
+    return Buffer.concat(parts);
+  }
+
+  async readText(path: string, opts?: CallOptions): Promise<string> {
+    return utf8.decode(await this.read(path, opts));
+  }
+
+  /** Replaces (or creates) the file; parent directories are created. */
+  async write(path: string, data: string | Uint8Array, opts?: CallOptions & { mode?: number }): Promise<void> {
+    const bytes = typeof data === 'string' ? new TextEncoder().encode(data) : data;
+    const chunk = 1024 * 1024;
+    const mode = opts?.mode !== undefined ? { mode: opts.mode } : {};
+    await this.sb.call<FilesWriteReply>('files.write', { path, data: bytes.subarray(0, chunk), ...mode }, opts);
+    for (let off = chunk; off < bytes.length; off += chunk) {
+      await this.sb.call<FilesWriteReply>('files.write', { path, data: bytes.subarray(off, off + chunk), offset: off }, opts);
+    }
+  }
+
+  async list(path: string, opts?: CallOptions): Promise<FileEntry[]> {
+    return (await this.sb.call<{ entries: FileEntry[] }>('files.list', { path }, opts)).entries;
+  }
+
+  async remove(path: string, opts?: CallOptions & { recursive?: boolean }): Promise<void> {
+    await this.sb.call('files.remove', { path, recursive: opts?.recursive === true }, opts);
+  }
+}

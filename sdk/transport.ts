@@ -1,0 +1,60 @@
+/** Request/reply over NATS with the protocol's envelope, timeouts, cancellation and trace headers. */
+import { type NatsConnection, RequestError, TimeoutError as NatsTimeout } from '@nats-io/transport-node';
+import { decode, encode, type Reply } from '../protocol/index.ts';
+import { traceHeaders } from '../protocol/trace.ts';
+import { CancelledError, errorFromWire, PaddockError, TimeoutError, UnavailableError } from './errors.ts';
+
+/** Options every remote call takes. */
+export interface CallOptions {
+  /** How long to wait for the answer (default: the client's `timeoutMs`). */
+  timeoutMs?: number;
+  signal?: AbortSignal;
+}
+
+export class Transport {
+  constructor(
+    readonly nc: NatsConnection,
+    readonly defaultTimeoutMs: number,
+  ) {}
+
+  /** Sends a request and returns its result; wire errors become PaddockError subclasses. */
+  async request<T>(subject: string, body: unknown, opts: CallOptions = {}, onNoResponders?: () => Promise<never>): Promise<T> {
+    const timeout = opts.timeoutMs ?? this.defaultTimeoutMs;
+    if (opts.signal?.aborted) throw new CancelledError('CANCELLED', 'the call was cancelled before it was sent');
+    const call = this.nc.request(subject, encode(body), { timeout, headers: traceHeaders() });
+    let msg: Awaited<typeof call>;
+    try {
+      msg = await (opts.signal ? abortable(call, opts.signal) : call);
+    } catch (err) {
+      if (err instanceof PaddockError) throw err;
+      if (err instanceof RequestError && err.isNoResponders()) {
+        if (onNoResponders) return onNoResponders();
+        throw new UnavailableError('UNAVAILABLE', `nothing answers ${subject}: is a Paddock node running?`, { cause: err });
+      }
+      if (err instanceof NatsTimeout || (err as Error).cause instanceof NatsTimeout) {
+        throw new TimeoutError('TIMEOUT', `no answer on ${subject} within ${timeout} ms`, { cause: err });
+      }
+      throw new UnavailableError('UNAVAILABLE', `request on ${subject} failed: ${(err as Error).message}`, { cause: err });
+    }
+    const reply = decode(msg.data) as Reply<T>;
+    if (reply.ok) return reply.result;
+    throw errorFromWire(reply.error);
+  }
+}
+
+export function abortable<T>(p: Promise<T>, signal: AbortSignal): Promise<T> {
+  return new Promise<T>((resolve, reject) => {
+    const onAbort = () => reject(new CancelledError('CANCELLED', 'the call was cancelled'));
+    signal.addEventListener('abort', onAbort, { once: true });
+    p.then(
+      (v) => {
+        signal.removeEventListener('abort', onAbort);
+        resolve(v);
+      },
+      (e: unknown) => {
+        signal.removeEventListener('abort', onAbort);
+        reject(e);
+      },
+    );
+  });
+}
