@@ -12,6 +12,7 @@ import {
   decode,
   encode,
   isToken,
+  Limits,
   newSandboxId,
   type NodeRecord,
   PLACEMENT_QUEUE,
@@ -56,7 +57,7 @@ export class PlacementHost {
         } else this.actor.send({ type: 'NODE_GONE', node: e.key });
       }
     })();
-    this.sub = serve(this.nc, subjects.placeCreate, { queue: PLACEMENT_QUEUE, log: this.log, name: 'place.create' }, (req) => this.create(req.body));
+    this.sub = serve(this.nc, subjects.placeCreate, { queue: PLACEMENT_QUEUE, log: this.log, name: 'place.create', maxBytes: Limits.createBytesMax }, (req) => this.create(req.body));
   }
 
   /** Reads the whole node table: at start, and when a create finds no live node (the watch may lag). */

@@ -21,8 +21,10 @@ export const Limits = {
     stdinMax: 4 * 1024 * 1024,
   },
   files: { pathMax: 4096, chunkMax: 4 * 1024 * 1024 },
-  /** Largest request any verb accepts before decoding. */
-  requestBytesMax: 8 * 1024 * 1024,
+  /** Largest request accepted before decoding: a sandbox verb (a 4 MiB file chunk or stdin + room). */
+  requestBytesMax: 6 * 1024 * 1024,
+  /** Largest create request (a spec is small; env and labels bound it). */
+  createBytesMax: 512 * 1024,
 } as const;
 
 const LABEL_KEY = /^[A-Za-z0-9][A-Za-z0-9_./-]*$/;

@@ -17,6 +17,7 @@ import {
   decode,
   encode,
   isToken,
+  Limits,
   newSandboxId,
   type NodeRecord,
   ProtocolError,
@@ -80,7 +81,7 @@ export class PaddockNode {
     await this.markOrphans();
 
     this.supervisor.start();
-    this.subs.push(serve(this.nc, subjects.node(this.id, 'create'), { log: this.log, name: 'node.create' }, (req) => this.create(req.body)));
+    this.subs.push(serve(this.nc, subjects.node(this.id, 'create'), { log: this.log, name: 'node.create', maxBytes: Limits.createBytesMax }, (req) => this.create(req.body)));
     this.subs.push(serve(this.nc, subjects.node(this.id, 'info'), { log: this.log, name: 'node.info' }, async () => ({ ...this.record(), ids: [...this.sandboxes.keys()] })));
 
     await this.beat();
@@ -122,6 +123,8 @@ export class PaddockNode {
 
   private async beat(): Promise<void> {
     try {
+      // Images built while the node runs become placeable at the next beat.
+      this.imageNames = await this.images.list();
       await this.nodesKv.put(this.id, encode(this.record()));
     } catch (err) {
       this.log.warn({ err }, 'heartbeat failed');

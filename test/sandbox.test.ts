@@ -1,3 +1,5 @@
+import { readFile } from 'node:fs/promises';
+import { InvalidRequestError, NotFoundError } from '../sdk/index.ts';
 import { clusterTest } from './helpers/cluster.ts';
 
 const test = clusterTest();
@@ -6,6 +8,7 @@ test('create, exec, kill: a trainer drives a container sandbox end to end', asyn
   const { pdk } = t.context;
   const sb = await pdk.sandboxes.create({ backend: 'container', image: 'busybox', cpu: 1, memoryMiB: 256, ttlSec: 600, labels: { job: 'spine' } });
   t.is(sb.info.state, 'running');
+  t.regex(sb.id, /^sb-[a-z2-7]{16}$/);
   const r = await sb.exec(['sh', '-c', 'echo hi; echo oops >&2; exit 3'], { timeoutMs: 5000 });
   t.is(r.exitCode, 3);
   t.is(r.stdout, 'hi\n');
@@ -16,4 +19,182 @@ test('create, exec, kill: a trainer drives a container sandbox end to end', asyn
   const killed = await sb.kill();
   t.is(killed.state, 'stopped');
   t.is(killed.reason, 'killed');
+  // Gone for good: exec on it says so, get still reports how it ended.
+  const err = await t.throwsAsync(sb.exec(['true']), { instanceOf: NotFoundError });
+  t.is(err?.code, 'NOT_FOUND');
+  t.is((await pdk.sandboxes.get(sb.id)).info.state, 'stopped');
+  // Killing twice is harmless.
+  t.is((await sb.kill()).state, 'stopped');
+});
+
+test('exec takes cwd, env and stdin; a string runs under sh -c', async (t) => {
+  const sb = await t.context.pdk.sandboxes.create({ env: { FROM_SPEC: 'spec' } });
+  t.teardown(() => sb.kill());
+  const r = await sb.exec(['sh', '-c', 'pwd; echo $FROM_SPEC $FROM_EXEC; cat'], { cwd: '/tmp', env: { FROM_EXEC: 'exec' }, stdin: 'piped\n' });
+  t.is(r.stdout, '/tmp\nspec exec\npiped\n');
+  t.is((await sb.exec('echo $((6*7))')).stdout, '42\n');
+  // The image's PATH survives an exec that sets its own env.
+  t.is((await sb.exec(['sh', '-c', 'echo $PATH'], { env: { X: '1' } })).exitCode, 0);
+  const missing = await sb.exec(['no-such-program']);
+  t.not(missing.exitCode, 0);
+});
+
+test('output past the cap comes back truncated, and the command is killed', async (t) => {
+  const sb = await t.context.pdk.sandboxes.create({});
+  t.teardown(() => sb.kill());
+  const r = await sb.exec(['yes'], { timeoutMs: 20_000 });
+  t.true(r.truncated);
+  t.false(r.timedOut);
+  t.is(r.stdout.length, 1024 * 1024);
+  t.is(r.signal, 'SIGKILL');
+  const small = await sb.exec(['sh', '-c', 'yes | head -c 5000; echo done >&2'], { maxOutputBytes: 100 });
+  t.true(small.truncated);
+  t.is(small.stdout.length, 100);
+  // Nothing of `yes` survives in the sandbox.
+  const ps = await sb.exec(['ps']);
+  t.notRegex(ps.stdout, /\byes\b/);
+});
+
+test('a timeout kills the whole process tree and returns the partial output', async (t) => {
+  const sb = await t.context.pdk.sandboxes.create({});
+  t.teardown(() => sb.kill());
+  const r = await sb.exec(['sh', '-c', 'echo started; sleep 300 & sleep 301; echo never'], { timeoutMs: 500 });
+  t.true(r.timedOut);
+  t.is(r.stdout, 'started\n');
+  t.is(r.exitCode, 137);
+  t.true(r.durationMs < 5000);
+  const ps = await sb.exec(['ps']);
+  t.notRegex(ps.stdout, /sleep 30[01]/);
+});
+
+test('execStream yields output as it comes, then the exit', async (t) => {
+  const sb = await t.context.pdk.sandboxes.create({});
+  t.teardown(() => sb.kill());
+  const seen: string[] = [];
+  let exit: number | undefined;
+  for await (const ev of sb.execStream(['sh', '-c', 'echo one; sleep 0.2; echo two >&2; sleep 0.2; echo three; exit 5'])) {
+    if (ev.type === 'exit') exit = ev.exitCode;
+    else seen.push(`${ev.type}:${ev.text.trim()}`);
+  }
+  t.deepEqual(seen, ['stdout:one', 'stderr:two', 'stdout:three']);
+  t.is(exit, 5);
+});
+
+test('breaking out of execStream kills the command', async (t) => {
+  const sb = await t.context.pdk.sandboxes.create({});
+  t.teardown(() => sb.kill());
+  for await (const ev of sb.execStream(['sh', '-c', 'echo tick; exec sleep 123'])) {
+    if (ev.type === 'stdout') break;
+  }
+  // The cancel is asynchronous: wait for the sleeper to go.
+  let left = '';
+  for (let i = 0; i < 50; i++) {
+    left = (await sb.exec(['ps'])).stdout;
+    if (!/sleep 123/.test(left)) break;
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  t.notRegex(left, /sleep 123/);
+});
+
+test('files: write, read, list, remove; parents are created; big files move in chunks', async (t) => {
+  const sb = await t.context.pdk.sandboxes.create({});
+  t.teardown(() => sb.kill());
+  await sb.files.write('/work/a.py', 'print("hi")\n');
+  t.is(await sb.files.readText('/work/a.py'), 'print("hi")\n');
+  t.is((await sb.exec(['cat', '/work/a.py'])).stdout, 'print("hi")\n');
+  const bytes = new Uint8Array(3 * 1024 * 1024 + 17).map((_, i) => (i * 31) % 256);
+  await sb.files.write('/deep/er/blob.bin', bytes);
+  t.deepEqual(new Uint8Array(await sb.files.read('/deep/er/blob.bin')), bytes);
+  t.is((await sb.exec(['sh', '-c', 'wc -c < /deep/er/blob.bin'])).stdout.trim(), String(bytes.length));
+  const entries = await sb.files.list('/work');
+  t.deepEqual(
+    entries.map((e) => [e.name, e.type, e.size]),
+    [['a.py', 'file', 12]],
+  );
+  await sb.files.write('/work/x', 'x', { mode: 0o755 });
+  t.is((await sb.files.list('/work')).find((e) => e.name === 'x')?.mode, 0o755);
+  await sb.files.remove('/deep', { recursive: true });
+  await t.throwsAsync(sb.files.read('/deep/er/blob.bin'), { instanceOf: NotFoundError });
+  await t.throwsAsync(sb.files.list('/nope'), { instanceOf: NotFoundError });
+  await t.throwsAsync(sb.files.read('/work'), { instanceOf: InvalidRequestError });
+  // Files written by exec are visible to the API and the other way round.
+  await sb.exec(['sh', '-c', 'echo from-exec > /tmp/e.txt']);
+  t.is(await sb.files.readText('/tmp/e.txt'), 'from-exec\n');
+});
+
+test('files cannot leave the sandbox: symlinks, .., FIFOs', async (t) => {
+  const sb = await t.context.pdk.sandboxes.create({});
+  t.teardown(() => sb.kill());
+  await sb.exec(['sh', '-c', 'ln -s / /tmp/root; ln -s ../../../../etc/hostname /tmp/up; ln -s /etc /tmp/etc; mkfifo /tmp/fifo']);
+  // Resolved inside the sandbox: /etc/hostname of the image, never the host's.
+  t.is(await sb.files.readText('/tmp/up'), 'sandbox\n');
+  t.is(await sb.files.readText('/tmp/root/etc/hostname'), 'sandbox\n');
+  t.is(await sb.files.readText('/../../../etc/hostname'), 'sandbox\n');
+  await sb.files.write('/tmp/etc/written-through-link', 'x');
+  t.is((await sb.exec(['cat', '/etc/written-through-link'])).stdout, 'x');
+  const fifo = await t.throwsAsync(sb.files.read('/tmp/fifo'));
+  t.is((fifo as { code?: string }).code, 'FORBIDDEN');
+  const fifoW = await t.throwsAsync(sb.files.write('/tmp/fifo', 'x'));
+  t.is((fifoW as { code?: string }).code, 'FORBIDDEN');
+  const host = await readFile('/etc/hostname', 'utf8').catch(() => '');
+  t.not(await sb.files.readText('/tmp/root/etc/hostname'), host);
+});
+
+test('cgroup limits are applied: memory, cpu and pids read back from the cgroup', async (t) => {
+  const sb = await t.context.pdk.sandboxes.create({ cpu: 0.5, memoryMiB: 128, pidsLimit: 64 });
+  t.teardown(() => sb.kill());
+  const cg = `/paddock/${sb.info.node}/${sb.id}`;
+  const read = (p: string) => readFile(p, 'utf8').then((s) => s.trim());
+  const v2 = await read('/sys/fs/cgroup/cgroup.controllers').then(
+    () => true,
+    () => false,
+  );
+  if (v2) {
+    t.is(await read(`/sys/fs/cgroup${cg}/memory.max`), String(128 * 1024 * 1024));
+    t.is(await read(`/sys/fs/cgroup${cg}/pids.max`), '64');
+    t.is(await read(`/sys/fs/cgroup${cg}/cpu.max`), '50000 100000');
+  } else {
+    t.is(await read(`/sys/fs/cgroup/memory${cg}/memory.limit_in_bytes`), String(128 * 1024 * 1024));
+    t.is(await read(`/sys/fs/cgroup/pids${cg}/pids.max`), '64');
+    t.is(await read(`/sys/fs/cgroup/cpu${cg}/cpu.cfs_quota_us`), '50000');
+  }
+  // The sandbox's processes live in that cgroup.
+  const procs = await read(`/sys/fs/cgroup/${v2 ? '' : 'pids'}${cg}/cgroup.procs`);
+  t.true(procs.split('\n').length >= 1);
+});
+
+test('the sandbox has its own network namespace with only lo', async (t) => {
+  const sb = await t.context.pdk.sandboxes.create({});
+  t.teardown(() => sb.kill());
+  const r = await sb.exec(['sh', '-c', "ip -o link | awk -F': ' '{print $2}'"]);
+  t.is(r.stdout.trim(), 'lo');
+});
+
+test('get and list: by id, by labels; ended sandboxes only with all', async (t) => {
+  const { pdk } = t.context;
+  const tag = `l${Date.now()}`;
+  const a = await pdk.sandboxes.create({ labels: { suite: tag, role: 'a' } });
+  const b = await pdk.sandboxes.create({ labels: { suite: tag, role: 'b' }, group: 'job-1' });
+  t.is((await pdk.sandboxes.get(a.id)).info.labels.role, 'a');
+  t.deepEqual((await pdk.sandboxes.list({ labels: { suite: tag } })).map((s) => s.id).sort(), [a.id, b.id].sort());
+  t.deepEqual((await pdk.sandboxes.list({ labels: { suite: tag, role: 'b' } })).map((s) => s.id), [b.id]);
+  t.deepEqual((await pdk.sandboxes.list({ group: 'job-1' })).map((s) => s.id), [b.id]);
+  await a.kill();
+  t.deepEqual((await pdk.sandboxes.list({ labels: { suite: tag } })).map((s) => s.id), [b.id]);
+  const all = await pdk.sandboxes.list({ labels: { suite: tag }, all: true });
+  t.is(all.find((s) => s.id === a.id)?.state, 'stopped');
+  await b.kill();
+  await t.throwsAsync(pdk.sandboxes.get('sb-doesnotexist00000'), { instanceOf: NotFoundError });
+});
+
+test('a sandbox past its ttl is killed and says so', async (t) => {
+  const { pdk } = t.context;
+  const sb = await pdk.sandboxes.create({ ttlSec: 1 });
+  t.true(sb.info.expiresAt - sb.info.createdAt === 1000);
+  await new Promise((r) => setTimeout(r, 1800));
+  const info = (await pdk.sandboxes.get(sb.id)).info;
+  t.is(info.state, 'stopped');
+  t.is(info.reason, 'ttl');
+  const err = await t.throwsAsync(sb.exec(['true']), { instanceOf: NotFoundError });
+  t.regex(err?.message ?? '', /ttl/);
 });

@@ -86,6 +86,12 @@ export class ImageStore {
     await rename(tmp, join(this.manifestsDir, `${m.name}.json`));
   }
 
+  /** Forgets an image (its blobs stay until garbage-collected). */
+  async removeManifest(name: string): Promise<void> {
+    if (!NAME.test(name)) return;
+    await rm(join(this.manifestsDir, `${name}.json`), { force: true });
+  }
+
   async get(name: string): Promise<ImageManifest | null> {
     if (!NAME.test(name)) return null;
     try {

@@ -1,0 +1,68 @@
+import { readdir, readFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { ImageStore } from '../runtime/images/store.ts';
+import { BackendError } from '../sdk/index.ts';
+import { clusterTest, SHARED_IMAGES } from './helpers/cluster.ts';
+
+const test = clusterTest({ nodes: 2 });
+
+test.serial('placement spreads sandboxes over both nodes', async (t) => {
+  const { pdk, cluster } = t.context;
+  const sbs = [];
+  for (let i = 0; i < 12; i++) sbs.push(await pdk.sandboxes.create({ labels: { spread: '1' } }));
+  const nodes = new Set(sbs.map((s) => s.info.node));
+  t.deepEqual([...nodes].sort(), cluster.nodes.map((n) => n.id).sort());
+  await Promise.all(sbs.map((s) => s.kill()));
+});
+
+test.serial('a node pin places the sandbox there', async (t) => {
+  const { pdk, cluster } = t.context;
+  const target = cluster.nodes[1]!.id;
+  const sb = await pdk.sandboxes.create({ node: target });
+  t.is(sb.info.node, target);
+  await sb.kill();
+});
+
+test.serial('50 sandboxes created concurrently all run, then all go', async (t) => {
+  const { pdk, cluster, home } = t.context;
+  const results = await Promise.allSettled(Array.from({ length: 50 }, () => pdk.sandboxes.create({ memoryMiB: 64, labels: { burst: '50' } })));
+  const failed = results.filter((r) => r.status === 'rejected');
+  t.deepEqual(
+    failed.map((f) => String((f as PromiseRejectedResult).reason)),
+    [],
+  );
+  const sbs = results.flatMap((r) => (r.status === 'fulfilled' ? [r.value] : []));
+  t.is(new Set(sbs.map((s) => s.id)).size, 50);
+  const outs = await Promise.all(sbs.map((s) => s.exec(['echo', s.id])));
+  outs.forEach((o, i) => t.is(o.stdout, `${sbs[i]!.id}\n`));
+  t.is((await pdk.sandboxes.list({ labels: { burst: '50' } })).length, 50);
+  await Promise.all(sbs.map((s) => s.kill()));
+  t.is((await pdk.sandboxes.list({ labels: { burst: '50' } })).length, 0);
+  // Nothing left behind on either node: bundles, cgroups, mounts.
+  for (const n of cluster.nodes) {
+    t.deepEqual(await readdir(join(home, 'nodes', n.id, 'sandboxes')), []);
+    const mounts = await readFile(`/proc/${n.proc.pid}/mountinfo`, 'utf8');
+    t.notRegex(mounts, /\/sandboxes\/sb-/);
+  }
+});
+
+test.serial('a create the backend cannot complete fails cleanly, leaving nothing behind', async (t) => {
+  const { pdk, cluster, home } = t.context;
+  const store = new ImageStore(SHARED_IMAGES);
+  const busybox = await store.get('busybox');
+  await store.putManifest({ ...busybox!, name: 'broken-init', init: ['/no/such/init'] });
+  t.teardown(() => store.removeManifest('broken-init'));
+  // Wait for a heartbeat to announce the new image.
+  await new Promise((r) => setTimeout(r, 1200));
+  const err = await t.throwsAsync(pdk.sandboxes.create({ image: 'broken-init' }), { instanceOf: BackendError });
+  t.is(err?.code, 'BACKEND_FAILED');
+  t.regex(err?.message ?? '', /no\/such\/init|crun/);
+  for (const n of cluster.nodes) {
+    t.deepEqual(await readdir(join(home, 'nodes', n.id, 'sandboxes')), []);
+    const mounts = await readFile(`/proc/${n.proc.pid}/mountinfo`, 'utf8');
+    t.notRegex(mounts, /\/sandboxes\/sb-/);
+  }
+  const failed = (await pdk.sandboxes.list({ all: true })).filter((s) => s.image === 'broken-init');
+  t.true(failed.length >= 1);
+  t.true(failed.every((s) => s.state === 'failed' && s.reason === 'create_failed'));
+});
