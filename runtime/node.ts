@@ -97,7 +97,7 @@ export class PaddockNode {
     const now = Date.now();
     for await (const key of await this.directory.keys()) {
       const e = await this.directory.get(key);
-      if (!e || e.operation !== 'PUT') continue;
+      if (e?.operation !== 'PUT') continue;
       const info = decode(e.value) as SandboxInfo;
       if (info.node !== this.id || info.state === 'stopped' || info.state === 'failed') continue;
       const ended: SandboxInfo = { ...info, state: 'failed', reason: 'node_restarted', endedAt: now, error: { code: 'BACKEND_FAILED', message: `node ${this.id} restarted; the sandbox was lost`, retryable: false } };

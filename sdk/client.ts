@@ -41,7 +41,7 @@ export class Paddock {
 
   private constructor(
     readonly nc: NatsConnection,
-    private readonly t: Transport,
+    t: Transport,
   ) {
     this.sandboxes = new Sandboxes(t);
   }
@@ -87,15 +87,13 @@ export class Sandboxes {
 
   /** A sandbox by id, with its current record (ended sandboxes included while the directory keeps them). */
   async get(id: string, opts?: CallOptions): Promise<Sandbox> {
-    const sb = new Sandbox(this.t, { id } as SandboxInfo, this.lookup);
-    try {
-      await sb.refresh(opts);
-    } catch (err) {
-      if (err instanceof NotFoundError && sb.info.state) return sb;
-      throw err;
-    }
-    if (!sb.info.state) throw new NotFoundError('NOT_FOUND', `sandbox ${id} does not exist`);
-    return sb;
+    const info = await this.t.request<SandboxInfo>(subjects.sandbox(id, 'info'), {}, opts, async () => {
+      // No actor answers: the sandbox ended (the directory says how) or never was.
+      const rec = await this.lookup(id);
+      if (rec) return rec;
+      throw new NotFoundError('NOT_FOUND', `sandbox ${id} does not exist`);
+    });
+    return new Sandbox(this.t, info, this.lookup);
   }
 
   /** Sandboxes from the directory, filtered by labels (all must match) and group. */
@@ -108,11 +106,11 @@ export class Sandboxes {
     for (let i = 0; i < keys.length; i += batch) {
       const got = await Promise.all(keys.slice(i, i + batch).map((k) => kv.get(k)));
       for (const e of got) {
-        if (!e || e.operation !== 'PUT') continue;
+        if (e?.operation !== 'PUT') continue;
         const info = decode(e.value) as SandboxInfo;
         if (!opts.all && !LIVE.has(info.state)) continue;
         if (opts.group !== undefined && info.group !== opts.group) continue;
-        if (opts.labels && !Object.entries(opts.labels).every(([k, v]) => info.labels?.[k] === v)) continue;
+        if (opts.labels && !Object.entries(opts.labels).every(([k, v]) => info.labels[k] === v)) continue;
         out.push(info);
       }
     }

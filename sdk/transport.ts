@@ -18,7 +18,7 @@ export class Transport {
   ) {}
 
   /** Sends a request and returns its result; wire errors become PaddockError subclasses. */
-  async request<T>(subject: string, body: unknown, opts: CallOptions = {}, onNoResponders?: () => Promise<never>): Promise<T> {
+  async request<T>(subject: string, body: unknown, opts: CallOptions = {}, onNoResponders?: () => Promise<T>): Promise<T> {
     const timeout = opts.timeoutMs ?? this.defaultTimeoutMs;
     if (opts.signal?.aborted) throw new CancelledError('CANCELLED', 'the call was cancelled before it was sent');
     const call = this.nc.request(subject, encode(body), { timeout, headers: traceHeaders() });

@@ -4,6 +4,7 @@ import { ImageStore } from '../runtime/images/store.ts';
 import { BackendError } from '../sdk/index.ts';
 import { clusterTest, SHARED_IMAGES } from './helpers/cluster.ts';
 
+const byString = (a: string, b: string) => a.localeCompare(b);
 const test = clusterTest({ nodes: 2 });
 
 test.serial('placement spreads sandboxes over both nodes', async (t) => {
@@ -11,7 +12,7 @@ test.serial('placement spreads sandboxes over both nodes', async (t) => {
   const sbs = [];
   for (let i = 0; i < 12; i++) sbs.push(await pdk.sandboxes.create({ labels: { spread: '1' } }));
   const nodes = new Set(sbs.map((s) => s.info.node));
-  t.deepEqual([...nodes].sort(), cluster.nodes.map((n) => n.id).sort());
+  t.deepEqual([...nodes].sort(byString), cluster.nodes.map((n) => n.id).sort(byString));
   await Promise.all(sbs.map((s) => s.kill()));
 });
 
@@ -34,7 +35,10 @@ test.serial('50 sandboxes created concurrently all run, then all go', async (t) 
   const sbs = results.flatMap((r) => (r.status === 'fulfilled' ? [r.value] : []));
   t.is(new Set(sbs.map((s) => s.id)).size, 50);
   const outs = await Promise.all(sbs.map((s) => s.exec(['echo', s.id])));
-  outs.forEach((o, i) => t.is(o.stdout, `${sbs[i]!.id}\n`));
+  t.deepEqual(
+    outs.map((o) => o.stdout),
+    sbs.map((s) => `${s.id}\n`),
+  );
   t.is((await pdk.sandboxes.list({ labels: { burst: '50' } })).length, 50);
   await Promise.all(sbs.map((s) => s.kill()));
   t.is((await pdk.sandboxes.list({ labels: { burst: '50' } })).length, 0);

@@ -2,6 +2,7 @@ import { readFile } from 'node:fs/promises';
 import { InvalidRequestError, NotFoundError } from '../sdk/index.ts';
 import { clusterTest } from './helpers/cluster.ts';
 
+const byString = (a: string, b: string) => a.localeCompare(b);
 const test = clusterTest();
 
 test('create, exec, kill: a trainer drives a container sandbox end to end', async (t) => {
@@ -176,7 +177,7 @@ test('get and list: by id, by labels; ended sandboxes only with all', async (t) 
   const a = await pdk.sandboxes.create({ labels: { suite: tag, role: 'a' } });
   const b = await pdk.sandboxes.create({ labels: { suite: tag, role: 'b' }, group: 'job-1' });
   t.is((await pdk.sandboxes.get(a.id)).info.labels.role, 'a');
-  t.deepEqual((await pdk.sandboxes.list({ labels: { suite: tag } })).map((s) => s.id).sort(), [a.id, b.id].sort());
+  t.deepEqual((await pdk.sandboxes.list({ labels: { suite: tag } })).map((s) => s.id).sort(byString), [a.id, b.id].sort(byString));
   t.deepEqual((await pdk.sandboxes.list({ labels: { suite: tag, role: 'b' } })).map((s) => s.id), [b.id]);
   t.deepEqual((await pdk.sandboxes.list({ group: 'job-1' })).map((s) => s.id), [b.id]);
   await a.kill();

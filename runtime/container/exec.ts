@@ -81,14 +81,16 @@ export function execInContainer(a: CrunExecArgs, opts: ExecOptions): Promise<Exe
     const seen = { out: 0, err: 0 };
     let truncated = false;
     let timedOut = false;
-    let killing: Promise<void> | null = null;
+    let stopping = false;
     let finished = false;
     let exitCode: number | null = null;
     let exitSignal: NodeJS.Signals | null = null;
     let graceTimer: NodeJS.Timeout | undefined;
 
     const stop = () => {
-      killing ??= (async () => {
+      if (stopping) return;
+      stopping = true;
+      void (async () => {
         // The pid file appears once crun has started the process; a stop that comes earlier waits for it.
         for (let i = 0; i < 50; i++) {
           const pid = await readPid(a.pidFile);
