@@ -1,0 +1,35 @@
+/** Host-facing pure logic: cgroup layout detection and the OCI config. */
+import test from 'ava';
+import { detectCgroups } from '../runtime/cgroups.ts';
+import { MASKED_PATHS, ociConfig } from '../runtime/container/oci.ts';
+import { validateSpec } from '../protocol/index.ts';
+
+const line = (id: number, target: string, fstype: string) => `${id} 1 0:${id} / ${target} rw,nosuid - ${fstype} ${fstype} rw`;
+
+test('cgroups: pure v2, hybrid and v1 hosts are told apart', (t) => {
+  t.is(detectCgroups([line(1, '/', 'ext4'), line(2, '/sys/fs/cgroup', 'cgroup2')].join('\n')), 'v2');
+  const v1 = [line(1, '/', 'ext4'), line(2, '/sys/fs/cgroup', 'tmpfs'), line(3, '/sys/fs/cgroup/memory', 'cgroup')];
+  t.is(detectCgroups(v1.join('\n')), 'v1');
+  t.is(detectCgroups([...v1, line(4, '/sys/fs/cgroup/unified', 'cgroup2')].join('\n')), 'hybrid');
+});
+
+test('oci: limits, namespaces and masked paths follow the spec', (t) => {
+  const spec = validateSpec({ cpu: 1.5, memoryMiB: 300, pidsLimit: 99, env: { A: 'b', PATH: '/custom' }, cwd: '/work' });
+  const image = { name: 'busybox', layers: [], env: ['PATH=/bin', 'HOME=/root'], cwd: '/', user: { uid: 0, gid: 0 }, init: ['/bin/sleep', 'infinity'] };
+  const c = ociConfig({ spec, image, rootfs: '/r', cgroupsPath: '/paddock/n/x', cgroupMode: 'v1' }) as {
+    process: { env: string[]; cwd: string; noNewPrivileges: boolean; args: string[] };
+    linux: { resources: { memory: { limit: number }; cpu: { quota: number; period: number }; pids: { limit: number } }; namespaces: { type: string }[]; maskedPaths: string[] };
+  };
+  t.deepEqual(c.process.env, ['PATH=/custom', 'HOME=/root', 'A=b']);
+  t.is(c.process.cwd, '/work');
+  t.true(c.process.noNewPrivileges);
+  t.deepEqual(c.process.args, ['/bin/sleep', 'infinity']);
+  t.is(c.linux.resources.memory.limit, 300 * 1024 * 1024);
+  t.deepEqual([c.linux.resources.cpu.quota, c.linux.resources.cpu.period], [150_000, 100_000]);
+  t.is(c.linux.resources.pids.limit, 99);
+  t.true(c.linux.namespaces.some((n) => n.type === 'network'));
+  t.false(c.linux.namespaces.some((n) => n.type === 'cgroup'));
+  t.true(MASKED_PATHS.includes('/proc/kpagecgroup'));
+  const v2 = ociConfig({ spec, image, rootfs: '/r', cgroupsPath: '/p', cgroupMode: 'v2' }) as { linux: { namespaces: { type: string }[] } };
+  t.true(v2.linux.namespaces.some((n) => n.type === 'cgroup'));
+});
