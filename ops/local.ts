@@ -33,7 +33,10 @@ export interface StartNodeOptions {
 export async function startNode(o: StartNodeOptions): Promise<NodeProcess> {
   await mkdir(o.home, { recursive: true });
   const { cmd, args, env } = nodeCommand();
+  // detached: a Ctrl-C in the terminal must not reach crun or mount halfway through a destroy;
+  // stop() sends the node SIGTERM and it winds down in order.
   const proc = spawn(cmd, args, {
+    detached: true,
     stdio: ['ignore', 'pipe', o.inheritLogs ? 'inherit' : 'pipe'],
     env: {
       ...process.env,

@@ -36,4 +36,12 @@ export function cgroupDir(mode: CgroupMode, path: string, controller: string): s
   return mode === 'v2' ? `/sys/fs/cgroup${path}` : `/sys/fs/cgroup/${controller}${path}`;
 }
 
-export const V1_CONTROLLERS = ['cpu', 'cpuacct', 'cpuset', 'memory', 'devices', 'freezer', 'blkio', 'pids'] as const;
+/**
+ * The v1 hierarchies mounted under /sys/fs/cgroup (named ones such as `systemd` included: crun
+ * creates the sandbox's cgroup in every one of them, so cleanup must visit them all).
+ */
+export function v1Hierarchies(mountinfo?: string): string[] {
+  return mounts(mountinfo)
+    .filter((m) => m.fstype === 'cgroup' && m.target.startsWith('/sys/fs/cgroup/'))
+    .map((m) => m.target.slice('/sys/fs/cgroup/'.length));
+}

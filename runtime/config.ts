@@ -22,6 +22,8 @@ export interface NodeConfig {
   /** Default cap on stdout and on stderr of one exec. */
   maxOutputBytes: number;
   heartbeatMs: number;
+  /** Backend creates run at most this many at once; the rest queue. */
+  createConcurrency: number;
   logLevel: string;
 }
 
@@ -35,6 +37,8 @@ export const ENV_DOC: Record<string, string> = {
   PADDOCK_MEMORY_OVERCOMMIT: 'memory capacity = RAM × this (default 1.5)',
   PADDOCK_MAX_SANDBOXES: 'sandboxes per node at most (default 4096)',
   PADDOCK_MAX_OUTPUT_BYTES: 'default cap on stdout and on stderr of one exec (default 1048576)',
+  PADDOCK_CREATE_CONCURRENCY: 'backend creates at once; the rest queue (default 4)',
+  PADDOCK_HEARTBEAT_MS: 'node heartbeat period in pdk_nodes (default 2000)',
   PADDOCK_TRACES: 'console | otlp: export OpenTelemetry spans (OTLP endpoint from OTEL_EXPORTER_OTLP_ENDPOINT)',
   PADDOCK_LOG_LEVEL: 'pino level (default info)',
 };
@@ -66,6 +70,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): NodeConfig {
     maxSandboxes: numEnv(env, 'PADDOCK_MAX_SANDBOXES', 4096),
     maxOutputBytes: numEnv(env, 'PADDOCK_MAX_OUTPUT_BYTES', 1024 * 1024),
     heartbeatMs: numEnv(env, 'PADDOCK_HEARTBEAT_MS', 2000),
+    createConcurrency: numEnv(env, 'PADDOCK_CREATE_CONCURRENCY', 4),
     logLevel: env.PADDOCK_LOG_LEVEL || 'info',
   };
 }

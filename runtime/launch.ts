@@ -15,7 +15,9 @@ export function nodeMainPath(): string {
 
 /** The command line that runs a node: `unshare … node --import tsx runtime/node-main.ts`. */
 export function nodeCommand(): { cmd: string; args: string[]; env: Record<string, string> } {
-  const prep = detectCgroups() === 'hybrid' ? 'umount /sys/fs/cgroup/unified && ' : '';
+  // crun still writes <cgroupsPath>/cgroup.procs under `unified` once it is unmounted; a private
+  // tmpfs there keeps those writes inside the node's namespace instead of on the host's tmpfs.
+  const prep = detectCgroups() === 'hybrid' ? 'umount /sys/fs/cgroup/unified && mount -t tmpfs -o size=16m,mode=755 paddock-unified /sys/fs/cgroup/unified && ' : '';
   return {
     cmd: 'unshare',
     args: ['--mount', '--propagation', 'private', '--', '/bin/sh', '-c', `${prep}exec "$@"`, 'sh', process.execPath, '--import', import.meta.resolve('tsx'), nodeMainPath()],

@@ -32,6 +32,7 @@ import type { NodeConfig } from './config.ts';
 import { ContainerBackend } from './container/backend.ts';
 import { ensureBusyboxImage } from './images/busybox.ts';
 import { ImageStore } from './images/store.ts';
+import { Semaphore } from './limit.ts';
 
 export class PaddockNode {
   private nc!: NatsConnection;
@@ -45,6 +46,7 @@ export class PaddockNode {
   private placement?: PlacementHost;
   private heartbeat?: NodeJS.Timeout;
   private imageNames: string[] = [];
+  private readonly creates: Semaphore;
   readonly capacity: Resources;
 
   constructor(
@@ -56,6 +58,7 @@ export class PaddockNode {
       memoryMiB: Math.floor((totalmem() / 1024 / 1024) * cfg.overcommit.memory),
       sandboxes: cfg.maxSandboxes,
     };
+    this.creates = new Semaphore(cfg.createConcurrency);
     this.supervisor = createActor(nodeMachine, { input: { capacity: this.capacity } });
   }
 
@@ -173,7 +176,9 @@ export class PaddockNode {
       image,
     );
     this.sandboxes.set(id, host);
-    const info = await host.start();
+    // Creates beyond a few at once only slow each other down (2 cores share mount and crun work):
+    // queueing them keeps the same throughput and gives early callers an early answer.
+    const info = await this.creates.run(() => host.start());
     if (info.state === 'failed') {
       const e = info.error;
       throw new ProtocolError(e?.code ?? 'BACKEND_FAILED', `create failed: ${e?.message ?? 'unknown error'}`);

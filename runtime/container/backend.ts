@@ -1,7 +1,7 @@
 /**
  * The container backend: crun over a root filesystem composed with OverlayFS from read-only EROFS
- * layers (file-backed mounts, shared by every sandbox of the node) and a per-sandbox writable
- * layer. No daemon, socket or Paddock file goes inside: exec is `crun exec`, files are reached from
+ * layers (mounted once per node and shared by all its sandboxes; mount(8) puts a loop device
+ * under each layer file) and a per-sandbox writable layer. No daemon, socket or Paddock file goes inside: exec is `crun exec`, files are reached from
  * the host side through the overlay.
  *
  * Layout under the node directory:
@@ -15,7 +15,7 @@ import { mkdir, readdir, readFile, rm, rmdir, writeFile } from 'node:fs/promises
 import { join } from 'node:path';
 import { ProtocolError, type SandboxSpec } from '../../protocol/index.ts';
 import type { Backend, ExecOptions, ExecOutcome } from '../backend.ts';
-import { type CgroupMode, cgroupDir, detectCgroups, mounts, V1_CONTROLLERS } from '../cgroups.ts';
+import { type CgroupMode, cgroupDir, detectCgroups, mounts, v1Hierarchies } from '../cgroups.ts';
 import { RootFiles } from '../files.ts';
 import type { ImageManifest, ImageStore, LayerRef } from '../images/store.ts';
 import { run } from '../proc.ts';
@@ -39,6 +39,7 @@ export class ContainerBackend implements Backend {
   /** Layer digest → its mount point, once mounted (a promise, so concurrent creates mount once). */
   private readonly layerMounts = new Map<string, Promise<string>>();
   private execSeq = 0;
+  private readonly hierarchies: string[];
   /** Base environment of each sandbox: `crun exec --env` replaces the config's, so we pass it whole. */
   private readonly envs = new Map<string, Record<string, string>>();
 
@@ -48,6 +49,7 @@ export class ContainerBackend implements Backend {
     this.layersDir = join(opts.nodeDir, 'layers');
     this.sandboxesDir = join(opts.nodeDir, 'sandboxes');
     this.cgroupMode = detectCgroups();
+    this.hierarchies = this.cgroupMode === 'v2' ? [] : v1Hierarchies();
     if (this.cgroupMode === 'hybrid') {
       throw new Error('cgroups are hybrid: crun needs /sys/fs/cgroup/unified unmounted; start the node through node-main.ts, which does it in a private mount namespace');
     }
@@ -153,7 +155,7 @@ export class ContainerBackend implements Backend {
 
   /** Removes a cgroup crun left (it should not, but a crash between steps can). */
   private async removeCgroup(path: string): Promise<void> {
-    const ctrls = this.cgroupMode === 'v2' ? [''] : V1_CONTROLLERS;
+    const ctrls = this.cgroupMode === 'v2' ? [''] : this.hierarchies;
     for (const c of ctrls) {
       const d = cgroupDir(this.cgroupMode, path, c);
       await rmdir(d).catch(() => {});
@@ -166,15 +168,18 @@ export class ContainerBackend implements Backend {
     const listed = await run(this.crun, ['--root', this.crunRoot, 'list', '--quiet'], { allowFail: true });
     for (const line of listed.stdout.split('\n')) if (line.trim()) ids.add(line.trim());
     for (const id of ids) await this.destroy(id);
-    // Cgroups of sandboxes whose crun state was already gone.
-    const ctrl = this.cgroupMode === 'v2' ? '' : 'memory';
-    const parent = cgroupDir(this.cgroupMode, `/paddock/${this.opts.nodeId}`, ctrl);
-    for (const stray of await readdir(parent, { withFileTypes: true }).catch(() => [])) {
-      if (stray.isDirectory()) {
-        ids.add(stray.name);
-        await this.killCgroup(`/paddock/${this.opts.nodeId}/${stray.name}`);
-        await this.removeCgroup(`/paddock/${this.opts.nodeId}/${stray.name}`);
+    // Cgroups of sandboxes whose crun state was already gone, in any hierarchy.
+    const parentPath = `/paddock/${this.opts.nodeId}`;
+    const strays = new Set<string>();
+    for (const h of this.cgroupMode === 'v2' ? [''] : this.hierarchies) {
+      for (const d of await readdir(cgroupDir(this.cgroupMode, parentPath, h), { withFileTypes: true }).catch(() => [])) {
+        if (d.isDirectory()) strays.add(d.name);
       }
+    }
+    for (const name of strays) {
+      ids.add(name);
+      await this.killCgroup(`${parentPath}/${name}`);
+      await this.removeCgroup(`${parentPath}/${name}`);
     }
     return [...ids];
   }
@@ -202,5 +207,6 @@ export class ContainerBackend implements Backend {
       this.layerMounts.delete(digest);
     }
     await this.removeCgroup(`/paddock/${this.opts.nodeId}`);
+    await this.removeCgroup('/paddock');
   }
 }

@@ -13,6 +13,8 @@ import { Paddock } from '../../sdk/index.ts';
 
 export const SHARED_IMAGES = join(tmpdir(), 'paddock-test-images');
 
+let clusters = 0;
+
 export interface ClusterContext {
   cluster: LocalCluster;
   pdk: Paddock;
@@ -21,7 +23,8 @@ export interface ClusterContext {
 
 export async function startTestCluster(opts: { nodes?: number; env?: Record<string, string> } = {}): Promise<ClusterContext> {
   const home = await mkdtemp(join(tmpdir(), 'paddock-test-'));
-  const prefix = `t${process.pid}n`;
+  // Node ids name cgroups and crun state: unique per cluster, even for two clusters in one file.
+  const prefix = `t${process.pid}c${++clusters}n`;
   const cluster = await startLocalCluster({ home, nodes: opts.nodes ?? 1, prefix, imagesDir: SHARED_IMAGES, env: { PADDOCK_HEARTBEAT_MS: '500', ...opts.env } });
   const pdk = await Paddock.connect({ servers: cluster.url, timeoutMs: 60_000 });
   return { cluster, pdk, home };
