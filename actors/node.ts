@@ -17,7 +17,30 @@ export type NodeEvent =
   | { type: 'ADMIT'; id: string; need: Resources }
   | { type: 'RELEASE'; id: string }
   | { type: 'DRAIN' }
-  | { type: 'STOP' };
+  | { type: 'STOP' }
+  /** The memory monitor's reading crossed the threshold (up), or fell back under the release mark. */
+  | { type: 'PRESSURE'; reading: string }
+  | { type: 'RELIEVED' };
+
+/** A sandbox as the pressure policy sees it. */
+export interface Sleeper {
+  id: string;
+  qos: 'ls' | 'be';
+  state: string;
+  /** ms since epoch of its last exec or file call; 0 while one is in flight. */
+  idleSince: number;
+}
+
+/**
+ * Whom to hibernate under memory pressure: best-effort sandboxes that are running and idle,
+ * longest idle first. Latency-sensitive ones are never chosen; neither is one with a call in flight.
+ */
+export function pickVictims(sandboxes: Sleeper[], now: number, minIdleMs: number): string[] {
+  return sandboxes
+    .filter((s) => s.qos === 'be' && s.state === 'running' && s.idleSince > 0 && now - s.idleSince >= minIdleMs)
+    .sort((a, b) => a.idleSince - b.idleSince)
+    .map((s) => s.id);
+}
 
 const zero = (): Resources => ({ cpu: 0, memoryMiB: 0, sandboxes: 0 });
 
@@ -66,23 +89,44 @@ export const nodeMachine = setup({
   },
 }).createMachine({
   id: 'node',
-  initial: 'serving',
+  type: 'parallel',
   context: ({ input }) => ({ capacity: input.capacity, allocated: zero(), holds: {} }),
   on: {
     RELEASE: { guard: 'holds', actions: 'release' },
   },
   states: {
-    serving: {
-      on: {
-        ADMIT: { guard: 'fits', actions: 'hold' },
-        DRAIN: 'draining',
-        STOP: 'stopped',
+    admission: {
+      initial: 'serving',
+      states: {
+        serving: {
+          on: {
+            ADMIT: { guard: 'fits', actions: 'hold' },
+            DRAIN: 'draining',
+            STOP: 'stopped',
+          },
+        },
+        // Draining: sandboxes keep running, no new ones are admitted.
+        draining: {
+          on: { STOP: 'stopped' },
+        },
+        stopped: { type: 'final' },
       },
     },
-    // Draining: sandboxes keep running, no new ones are admitted.
-    draining: {
-      on: { STOP: 'stopped' },
+    // Under pressure the host hibernates idle best-effort sandboxes (pickVictims) until relieved.
+    memory: {
+      initial: 'normal',
+      states: {
+        normal: { on: { PRESSURE: 'pressure' } },
+        pressure: { on: { RELIEVED: 'normal' } },
+      },
     },
-    stopped: { type: 'final' },
   },
 });
+
+export function admissionState(value: unknown): 'serving' | 'draining' | 'stopped' {
+  return (value as { admission: 'serving' | 'draining' | 'stopped' }).admission;
+}
+
+export function underPressure(value: unknown): boolean {
+  return (value as { memory: string }).memory === 'pressure';
+}

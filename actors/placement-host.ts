@@ -9,6 +9,9 @@ import type { Logger } from 'pino';
 import { type Actor, createActor } from 'xstate';
 import {
   type CreateReply,
+  type GroupReply,
+  type GroupVerb,
+  GroupVerbs,
   decode,
   encode,
   isToken,
@@ -29,10 +32,12 @@ import { isLive, placementMachine, rank } from './placement.ts';
 /** How many nodes one create tries before giving up with NO_CAPACITY. */
 const MAX_TRIES = 3;
 const NODE_CREATE_TIMEOUT_MS = 120_000;
+/** A group verb on thousands of sandboxes of one node takes seconds, not minutes. */
+const GROUP_TIMEOUT_MS = 120_000;
 
 export class PlacementHost {
   private readonly actor: Actor<typeof placementMachine> = createActor(placementMachine);
-  private sub?: Subscription;
+  private readonly subs: Subscription[] = [];
   private stopWatch?: () => void;
 
   constructor(
@@ -57,7 +62,8 @@ export class PlacementHost {
         } else this.actor.send({ type: 'NODE_GONE', node: e.key });
       }
     })();
-    this.sub = serve(this.nc, subjects.placeCreate, { queue: PLACEMENT_QUEUE, log: this.log, name: 'place.create', maxBytes: Limits.createBytesMax }, (req) => this.create(req.body));
+    this.subs.push(serve(this.nc, subjects.placeCreate, { queue: PLACEMENT_QUEUE, log: this.log, name: 'place.create', maxBytes: Limits.createBytesMax }, (req) => this.create(req.body)));
+    this.subs.push(serve(this.nc, subjects.groupAll, { queue: PLACEMENT_QUEUE, log: this.log, name: 'group' }, (req) => this.group(req.subject)));
   }
 
   /** Reads the whole node table: at start, and when a create finds no live node (the watch may lag). */
@@ -109,8 +115,39 @@ export class PlacementHost {
     throw new ProtocolError('NO_CAPACITY', `no node could admit the sandbox (${refusals.join('; ')})`);
   }
 
+  /** `pdk.v1.group.<g>.<verb>`: the verb on every live node at once, one summary back. */
+  private async group(subject: string): Promise<GroupReply> {
+    const [group, verb] = subject.split('.').slice(3);
+    if (!isToken(group)) throw new ProtocolError('INVALID_REQUEST', `bad group in ${subject}`);
+    if (!verb || !(GroupVerbs as readonly string[]).includes(verb)) {
+      throw new ProtocolError('UNKNOWN_VERB', `unknown group verb '${verb}'; known: ${GroupVerbs.join(', ')}`);
+    }
+    const started = performance.now();
+    await this.reload();
+    const now = Date.now();
+    const nodes = Object.values(this.actor.getSnapshot().context.nodes).filter((r) => isLive(r, now) || r.state === 'draining');
+    const reply: GroupReply = { group, verb: verb as GroupVerb, total: 0, ok: 0, failed: [], unreachable: [], durationMs: 0 };
+    await Promise.all(
+      nodes.map(async (n) => {
+        try {
+          const m = await this.nc.request(subjects.node(n.node, 'group'), encode({ group, verb }), { timeout: GROUP_TIMEOUT_MS, headers: traceHeaders() });
+          const r = decode(m.data) as Reply<{ total: number; ok: number; failed: GroupReply['failed'] }>;
+          if (!r.ok) throw new ProtocolError(r.error.code, r.error.message);
+          reply.total += r.result.total;
+          reply.ok += r.result.ok;
+          reply.failed.push(...r.result.failed);
+        } catch (err) {
+          if (err instanceof ProtocolError) throw err;
+          reply.unreachable.push(n.node);
+        }
+      }),
+    );
+    reply.durationMs = Math.round(performance.now() - started);
+    return reply;
+  }
+
   stop(): void {
-    this.sub?.unsubscribe();
+    for (const s of this.subs) s.unsubscribe();
     this.stopWatch?.();
     this.actor.stop();
   }

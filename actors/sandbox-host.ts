@@ -19,6 +19,7 @@ import {
   type SandboxInfo,
   type SandboxSpec,
   type SandboxState,
+  type SandboxVerb,
   subjects,
   validateExec,
   validatePath,
@@ -26,7 +27,7 @@ import {
 import type { Backend, ExecOutcome } from '../runtime/backend.ts';
 import type { ImageManifest } from '../runtime/images/store.ts';
 import { type Request, STREAMED, serve } from './bind.ts';
-import { allows, isFinal, sandboxMachine } from './sandbox.ts';
+import { allows, isAsleep, isFinal, publicState, type SandboxContext, type SandboxEvent, sandboxMachine } from './sandbox.ts';
 
 export interface SandboxHostDeps {
   nc: NatsConnection;
@@ -54,6 +55,7 @@ export class SandboxHost {
   /** Directory writes in transition order. */
   private published: Promise<void> = Promise.resolve();
   private readonly waiters: Array<{ states: SandboxState[]; resolve: () => void }> = [];
+  private lastActivity = Date.now();
 
   constructor(
     private readonly deps: SandboxHostDeps,
@@ -72,10 +74,13 @@ export class SandboxHost {
       cpu: spec.cpu,
       memoryMiB: spec.memoryMiB,
       labels: spec.labels,
+      qos: spec.qos,
+      idleAction: spec.idleAction,
       createdAt: now,
       expiresAt: now + spec.ttlSec * 1000,
     };
     if (spec.group) this.info.group = spec.group;
+    if (spec.idleTimeoutSec !== undefined) this.info.idleTimeoutSec = spec.idleTimeoutSec;
     const machine = sandboxMachine.provide({
       actors: {
         create: fromPromise(async () => deps.backend.create(id, spec, image)),
@@ -83,10 +88,14 @@ export class SandboxHost {
           for (const c of this.execs.values()) c.abort();
           await deps.backend.destroy(id);
         }),
+        pause: fromPromise(async () => deps.backend.pause(id)),
+        resume: fromPromise(async () => deps.backend.resume(id)),
+        hibernate: fromPromise(async () => deps.backend.hibernate(id)),
+        restore: fromPromise(async () => deps.backend.restore(id)),
       },
     });
     this.actor = createActor(machine, {
-      input: { id, ttlMs: spec.ttlSec * 1000 },
+      input: { id, ttlMs: spec.ttlSec * 1000, idleAction: spec.idleAction, ...(spec.idleTimeoutSec !== undefined ? { idleMs: spec.idleTimeoutSec * 1000 } : {}) },
       ...(deps.clock ? { clock: deps.clock } : {}),
       inspect: (ev) => {
         if (ev.type === '@xstate.snapshot' && ev.actorRef === this.actor) {
@@ -94,11 +103,16 @@ export class SandboxHost {
         }
       },
     });
-    this.actor.subscribe((snap) => this.onSnapshot(snap.value as SandboxState, snap.context.reason, snap.context.error));
+    this.actor.subscribe((snap) => this.onSnapshot(publicState(snap.value), snap.context));
   }
 
   get state(): SandboxState {
-    return this.actor.getSnapshot().value as SandboxState;
+    return publicState(this.actor.getSnapshot().value);
+  }
+
+  /** When the last exec or file call ended (or the sandbox started); 0 while one is in flight. */
+  idleSince(): number {
+    return this.actor.getSnapshot().context.inflight > 0 ? 0 : this.lastActivity;
   }
 
   /** Starts the actor; resolves once the sandbox runs or has failed, with its record published. */
@@ -119,16 +133,66 @@ export class SandboxHost {
     return this.info;
   }
 
-  private until(states: SandboxState[]): Promise<void> {
-    if (states.includes(this.state)) return Promise.resolve();
-    return new Promise((resolve) => this.waiters.push({ states, resolve }));
+  /**
+   * Sends a lifecycle event and waits for the state it settles in. An event the current state does
+   * not take (resume while running, pause while stopping) is refused with INVALID_STATE.
+   */
+  async lifecycle(event: Extract<SandboxEvent, { type: 'PAUSE' | 'RESUME' | 'HIBERNATE' | 'RESTORE' }>): Promise<SandboxInfo> {
+    const from = this.state;
+    if (!this.actor.getSnapshot().can(event)) {
+      throw new ProtocolError('INVALID_STATE', `sandbox ${this.id} is ${from}: cannot ${event.type.toLowerCase()}`, { detail: { state: from } });
+    }
+    this.actor.send(event);
+    await this.until(SETTLED);
+    await this.published;
+    const err = this.actor.getSnapshot().context.error;
+    const wanted: Record<typeof event.type, SandboxState> = { PAUSE: 'paused', HIBERNATE: 'hibernated', RESUME: 'running', RESTORE: 'running' };
+    if (this.state !== wanted[event.type]) {
+      throw new ProtocolError(err?.code ?? 'BACKEND_FAILED', `sandbox ${this.id} did not ${event.type.toLowerCase()}: it is ${this.state}${err ? ` (${err.message})` : ''}`);
+    }
+    return this.info;
   }
 
-  private onSnapshot(state: SandboxState, reason?: EndReason, error?: SandboxInfo['error']): void {
+  /** Wakes a sleeping sandbox for a call that needs it running (`autoResume`), or refuses. */
+  private async awake(verb: SandboxVerb): Promise<void> {
+    await this.until(SETTLED);
+    const st = this.state;
+    if (st === 'running') return;
+    if ((st === 'paused' || st === 'hibernated') && this.spec.autoResume) {
+      this.log.info({ verb, from: st }, 'waking sandbox for a call');
+      await this.lifecycle({ type: st === 'paused' ? 'RESUME' : 'RESTORE' }).catch((e: unknown) => {
+        // Two calls may wake it at once: the loser finds it running.
+        if (this.state !== 'running') throw e;
+      });
+      return;
+    }
+    throw new ProtocolError('INVALID_STATE', `sandbox ${this.id} is ${st}: '${verb}' needs it running${st === 'paused' || st === 'hibernated' ? ' (autoResume is off: resume it first)' : ''}`, { detail: { state: st } });
+  }
+
+  /** Exec and file calls mark the sandbox busy, so the idle timer cannot fire under them. */
+  private async active<T>(fn: () => Promise<T>): Promise<T> {
+    this.actor.send({ type: 'ACTIVITY_START' });
+    try {
+      return await fn();
+    } finally {
+      this.lastActivity = Date.now();
+      this.actor.send({ type: 'ACTIVITY_END' });
+    }
+  }
+
+  private until(states: readonly SandboxState[]): Promise<void> {
+    if (states.includes(this.state)) return Promise.resolve();
+    return new Promise((resolve) => this.waiters.push({ states: [...states], resolve }));
+  }
+
+  private onSnapshot(state: SandboxState, ctx: SandboxContext): void {
     if (state === this.info.state) return;
+    const { reason, error } = ctx;
     this.info = { ...this.info, state };
     if (reason) this.info.reason = reason;
     if (error) this.info.error = error;
+    if (ctx.sleepReason) this.info.sleepReason = ctx.sleepReason;
+    if (ctx.released) this.info.released = ctx.released;
     if (isFinal(state)) this.info.endedAt = Date.now();
     this.log.info({ state, reason, error }, 'sandbox transition');
     this.publishEvent();
@@ -162,14 +226,28 @@ export class SandboxHost {
     const prefix = `pdk.v1.sb.${this.id}.`;
     const verb = req.subject.slice(prefix.length);
     if (!isSandboxVerb(verb)) throw new ProtocolError('UNKNOWN_VERB', `unknown sandbox verb '${verb}'`);
+    if (NEEDS_RUNNING.has(verb) && isAsleep(this.state)) await this.awake(verb);
     if (!allows(this.state, verb)) {
       throw new ProtocolError('INVALID_STATE', `sandbox ${this.id} is ${this.state}: '${verb}' is not allowed`, { detail: { state: this.state } });
     }
+    if (NEEDS_RUNNING.has(verb)) return this.active(() => this.call(verb, req));
+    return this.call(verb, req);
+  }
+
+  private async call(verb: SandboxVerb, req: Request): Promise<unknown> {
     switch (verb) {
       case 'info':
         return this.info;
       case 'kill':
         return this.kill();
+      case 'pause':
+        return this.lifecycle({ type: 'PAUSE', why: whyOf(req.body) });
+      case 'hibernate':
+        return this.lifecycle({ type: 'HIBERNATE', why: whyOf(req.body) });
+      case 'resume':
+        return this.lifecycle({ type: 'RESUME' });
+      case 'restore':
+        return this.lifecycle({ type: 'RESTORE' });
       case 'exec':
         return this.exec(req);
       case 'exec.cancel': {
@@ -227,6 +305,16 @@ export class SandboxHost {
       this.execs.delete(execId);
     }
   }
+}
+
+/** Verbs that run something in the sandbox: they wake it (or fail) and count as activity. */
+const NEEDS_RUNNING: ReadonlySet<SandboxVerb> = new Set(['exec', 'files.read', 'files.write', 'files.list', 'files.remove']);
+/** States a lifecycle step ends in (the transient ones are on the way). */
+const SETTLED: readonly SandboxState[] = ['running', 'paused', 'hibernated', 'stopped', 'failed'];
+
+function whyOf(body: unknown): string | undefined {
+  const why = (body as { why?: unknown } | null)?.why;
+  return typeof why === 'string' && /^[a-z_-]{1,32}$/.test(why) ? why : undefined;
 }
 
 function toResult(o: ExecOutcome): ExecResult {

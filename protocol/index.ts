@@ -2,7 +2,7 @@
 export { decode, encode } from './codec.ts';
 export { ErrorCodes, isErrorCode, ProtocolError, toWireError } from './errors.ts';
 export type { ErrorCode, WireError } from './errors.ts';
-export { Backends, SandboxStates } from './messages.ts';
+export { Backends, GroupVerbs, IdleActions, QosClasses, SandboxStates } from './messages.ts';
 export type {
   BackendKind,
   CreateReply,
@@ -21,6 +21,10 @@ export type {
   FilesWriteReply,
   FilesWriteRequest,
   FileType,
+  GroupReply,
+  GroupVerb,
+  IdleAction,
+  QosClass,
   KillRequest,
   NodeRecord,
   Reply,

@@ -8,7 +8,7 @@ export const Backends = ['container', 'fncall', 'microvm', 'fullvm'] as const;
 export type BackendKind = (typeof Backends)[number];
 
 /** Lifecycle states of a sandbox, as published in events and the directory. */
-export const SandboxStates = ['creating', 'running', 'stopping', 'stopped', 'failed'] as const;
+export const SandboxStates = ['creating', 'running', 'pausing', 'paused', 'resuming', 'hibernating', 'hibernated', 'restoring', 'stopping', 'stopped', 'failed'] as const;
 export type SandboxState = (typeof SandboxStates)[number];
 
 /** What a trainer asks for. Validated by `validateSpec`; defaults filled there. */
@@ -31,10 +31,22 @@ export interface SandboxSpec {
   group?: string;
   /** Pin to a node (placement skips scoring). */
   node?: string;
+  /** No exec or file call for this long → `idleAction`. Absent: never idles out. */
+  idleTimeoutSec?: number;
+  idleAction: IdleAction;
+  /** `ls` latency-sensitive (normal scheduling, high CPU weight) or `be` best-effort (SCHED_IDLE, low weight). */
+  qos: QosClass;
+  /** Exec and file calls on a paused or hibernated sandbox wake it first (default), or fail with INVALID_STATE. */
+  autoResume: boolean;
 }
 
+export const IdleActions = ['pause', 'hibernate', 'kill'] as const;
+export type IdleAction = (typeof IdleActions)[number];
+export const QosClasses = ['ls', 'be'] as const;
+export type QosClass = (typeof QosClasses)[number];
+
 /** Why a sandbox reached a final state. */
-export type EndReason = 'killed' | 'ttl' | 'create_failed' | 'node_restarted' | 'crashed';
+export type EndReason = 'killed' | 'ttl' | 'idle' | 'create_failed' | 'node_restarted' | 'crashed';
 
 /** The sandbox as the directory and `info` report it. */
 export interface SandboxInfo {
@@ -47,11 +59,18 @@ export interface SandboxInfo {
   memoryMiB: number;
   labels: Record<string, string>;
   group?: string;
+  qos: QosClass;
+  idleTimeoutSec?: number;
+  idleAction: IdleAction;
   createdAt: number;
   /** When the TTL kills it (ms since epoch). */
   expiresAt: number;
   endedAt?: number;
   reason?: EndReason;
+  /** Why it last went to sleep: `idle`, `pressure`, `group`, or `requested`. */
+  sleepReason?: string;
+  /** What the last hibernation gave back to the node. */
+  released?: { bytes: number; swapped: boolean };
   error?: WireError;
 }
 
@@ -143,6 +162,21 @@ export interface FilesRemoveRequest {
 export interface KillRequest {
   reason?: string;
 }
+
+/** What a group verb did, summed over every node (`pdk.v1.group.<g>.<verb>`). */
+export interface GroupReply {
+  group: string;
+  verb: GroupVerb;
+  /** Sandboxes of the group found on live nodes. */
+  total: number;
+  ok: number;
+  failed: Array<{ id: string; node: string; code: string; message: string }>;
+  /** Nodes that did not answer in time: their sandboxes are not counted. */
+  unreachable: string[];
+  durationMs: number;
+}
+export const GroupVerbs = ['pause', 'resume', 'hibernate', 'restore', 'kill'] as const;
+export type GroupVerb = (typeof GroupVerbs)[number];
 
 /** A node's heartbeat in the `pdk_nodes` bucket. */
 export interface NodeRecord {

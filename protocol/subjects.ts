@@ -15,7 +15,7 @@ export const Buckets = {
 } as const;
 
 /** Verbs a sandbox actor answers on `pdk.v1.sb.<id>.<verb>`. */
-export const SandboxVerbs = ['info', 'exec', 'exec.cancel', 'files.read', 'files.write', 'files.list', 'files.remove', 'kill'] as const;
+export const SandboxVerbs = ['info', 'exec', 'exec.cancel', 'files.read', 'files.write', 'files.list', 'files.remove', 'kill', 'pause', 'resume', 'hibernate', 'restore'] as const;
 export type SandboxVerb = (typeof SandboxVerbs)[number];
 
 export function isSandboxVerb(v: string): v is SandboxVerb {
@@ -23,7 +23,7 @@ export function isSandboxVerb(v: string): v is SandboxVerb {
 }
 
 /** Verbs a node supervisor answers on `pdk.v1.node.<node>.<verb>`. */
-export const NodeVerbs = ['create', 'info'] as const;
+export const NodeVerbs = ['create', 'info', 'group'] as const;
 export type NodeVerb = (typeof NodeVerbs)[number];
 
 // Ids become subject tokens: keep them to a safe alphabet so no id can inject a wildcard or a dot.
@@ -39,6 +39,9 @@ export const subjects = {
   /** Everything addressed to one sandbox; its actor subscribes here. */
   sandboxAll: (id: string) => `${PREFIX}.sb.${id}.>`,
   event: (id: string, state: string) => `${PREFIX}.evt.${id}.${state}`,
+  /** Acts on every sandbox of a training job, on all nodes; answered by placement replicas. */
+  group: (group: string, verb: string) => `${PREFIX}.group.${group}.${verb}`,
+  groupAll: `${PREFIX}.group.*.*`,
   /** All lifecycle events of one sandbox (or `*` for all). */
   events: (id = '*') => `${PREFIX}.evt.${id}.*`,
 } as const;

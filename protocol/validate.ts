@@ -3,7 +3,7 @@
  * handlers never see a negative memory size or a command that is not an array of strings.
  */
 import { ProtocolError } from './errors.ts';
-import { Backends, type BackendKind, type ExecRequest, type SandboxSpec } from './messages.ts';
+import { Backends, type BackendKind, type ExecRequest, type IdleAction, IdleActions, type QosClass, QosClasses, type SandboxSpec } from './messages.ts';
 import { isToken } from './subjects.ts';
 
 export const Limits = {
@@ -11,6 +11,7 @@ export const Limits = {
   memoryMiB: { min: 16, max: 256 * 1024, default: 256 },
   pidsLimit: { min: 8, max: 65536, default: 1024 },
   ttlSec: { min: 1, max: 7 * 24 * 3600, default: 3600 },
+  idleTimeoutSec: { min: 1, max: 7 * 24 * 3600, default: 0 },
   labels: { max: 64, keyMax: 63, valueMax: 256 },
   env: { max: 512, bytesMax: 128 * 1024 },
   exec: {
@@ -77,7 +78,13 @@ function absPath(field: string, v: unknown): string {
   return v;
 }
 
-const KNOWN_FIELDS = new Set(['backend', 'image', 'cpu', 'memoryMiB', 'pidsLimit', 'ttlSec', 'labels', 'env', 'cwd', 'group', 'node']);
+const KNOWN_FIELDS = new Set(['backend', 'image', 'cpu', 'memoryMiB', 'pidsLimit', 'ttlSec', 'labels', 'env', 'cwd', 'group', 'node', 'idleTimeoutSec', 'idleAction', 'qos', 'autoResume']);
+
+function oneOf<T extends string>(field: string, v: unknown, allowed: readonly T[], dflt: T): T {
+  if (v === undefined || v === null) return dflt;
+  if (typeof v !== 'string' || !(allowed as readonly string[]).includes(v)) invalid(field, `must be one of ${allowed.join(', ')}, got ${JSON.stringify(v)}`);
+  return v as T;
+}
 
 /** Fills defaults and checks every field of a create request's spec. Throws INVALID_SPEC. */
 export function validateSpec(input: unknown): SandboxSpec {
@@ -98,7 +105,12 @@ export function validateSpec(input: unknown): SandboxSpec {
     ttlSec: num('ttlSec', input.ttlSec, Limits.ttlSec, false),
     labels: stringMap('labels', input.labels, Limits.labels.max, (k) => LABEL_KEY.test(k) && k.length <= Limits.labels.keyMax, Limits.labels.valueMax),
     env: envMap('env', input.env),
+    idleAction: oneOf<IdleAction>('idleAction', input.idleAction, IdleActions, 'pause'),
+    qos: oneOf<QosClass>('qos', input.qos, QosClasses, 'ls'),
+    autoResume: input.autoResume === undefined ? true : input.autoResume === true,
   };
+  if (input.autoResume !== undefined && typeof input.autoResume !== 'boolean') invalid('autoResume', 'must be a boolean');
+  if (input.idleTimeoutSec !== undefined && input.idleTimeoutSec !== null) spec.idleTimeoutSec = num('idleTimeoutSec', input.idleTimeoutSec, Limits.idleTimeoutSec, false);
   if (input.cwd !== undefined) spec.cwd = absPath('cwd', input.cwd);
   if (input.group !== undefined) {
     if (!isToken(input.group)) invalid('group', 'must be 1-64 characters of [A-Za-z0-9_-]');

@@ -38,6 +38,15 @@ export interface Backend {
   exec(id: string, opts: ExecOptions): Promise<ExecOutcome>;
   /** The files API, confined to the sandbox's root. */
   files(id: string): RootFiles;
+  /** Freezes every process of the sandbox (state and memory kept). */
+  pause(id: string): Promise<void>;
+  resume(id: string): Promise<void>;
+  /**
+   * Freezes the sandbox and gives its memory back to the node (page cache; anonymous memory where
+   * the node has swap). On failure it leaves the sandbox running, as it found it.
+   */
+  hibernate(id: string): Promise<{ bytes: number; swapped: boolean }>;
+  restore(id: string): Promise<void>;
   /** Removes everything the sandbox had: processes, mounts, cgroups, state. Idempotent. */
   destroy(id: string): Promise<void>;
   /** Finds and removes the leftovers of a previous run of this node (after a crash). */

@@ -2,7 +2,7 @@
  * Node configuration: embedded defaults, overridden by environment variables. One place lists
  * every knob; the README's configuration table is generated from the same names.
  */
-import { hostname } from 'node:os';
+import { hostname, totalmem } from 'node:os';
 import { join } from 'node:path';
 import { DEFAULT_HOME } from '../protocol/discovery.ts';
 
@@ -22,6 +22,7 @@ export interface NodeConfig {
   /** Default cap on stdout and on stderr of one exec. */
   maxOutputBytes: number;
   heartbeatMs: number;
+  pressure: { minAvailableMiB: number; psiAvg10: number; minIdleMs: number; intervalMs: number };
   /** Backend creates run at most this many at once; the rest queue. */
   createConcurrency: number;
   logLevel: string;
@@ -39,6 +40,9 @@ export const ENV_DOC: Record<string, string> = {
   PADDOCK_MAX_OUTPUT_BYTES: 'default cap on stdout and on stderr of one exec (default 1048576)',
   PADDOCK_CREATE_CONCURRENCY: 'backend creates at once; the rest queue (default 4)',
   PADDOCK_HEARTBEAT_MS: 'node heartbeat period in pdk_nodes (default 2000)',
+  PADDOCK_PRESSURE_MIN_AVAILABLE_MIB: 'memory pressure when MemAvailable is under this (default 5% of RAM)',
+  PADDOCK_PRESSURE_PSI_AVG10: 'memory pressure when PSI memory some avg10 is over this percent (default 25)',
+  PADDOCK_PRESSURE_MIN_IDLE_SEC: 'under pressure, hibernate best-effort sandboxes idle at least this long (default 30)',
   PADDOCK_TRACES: 'console | otlp: export OpenTelemetry spans (OTLP endpoint from OTEL_EXPORTER_OTLP_ENDPOINT)',
   PADDOCK_LOG_LEVEL: 'pino level (default info)',
 };
@@ -71,6 +75,12 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): NodeConfig {
     maxOutputBytes: numEnv(env, 'PADDOCK_MAX_OUTPUT_BYTES', 1024 * 1024),
     heartbeatMs: numEnv(env, 'PADDOCK_HEARTBEAT_MS', 2000),
     createConcurrency: numEnv(env, 'PADDOCK_CREATE_CONCURRENCY', 4),
+    pressure: {
+      minAvailableMiB: numEnv(env, 'PADDOCK_PRESSURE_MIN_AVAILABLE_MIB', Math.floor(totalmem() / 1024 / 1024 / 20)),
+      psiAvg10: numEnv(env, 'PADDOCK_PRESSURE_PSI_AVG10', 25),
+      minIdleMs: numEnv(env, 'PADDOCK_PRESSURE_MIN_IDLE_SEC', 30) * 1000,
+      intervalMs: numEnv(env, 'PADDOCK_PRESSURE_INTERVAL_MS', 1000),
+    },
     logLevel: env.PADDOCK_LOG_LEVEL || 'info',
   };
 }

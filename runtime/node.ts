@@ -7,13 +7,15 @@ import { type KV, Kvm } from '@nats-io/kv';
 import { connect, type NatsConnection, type Subscription } from '@nats-io/transport-node';
 import type { Logger } from 'pino';
 import { type Actor, createActor } from 'xstate';
-import { serve } from '../actors/bind.ts';
-import { nodeMachine, refusal } from '../actors/node.ts';
+import { serve, tracer } from '../actors/bind.ts';
+import { admissionState, nodeMachine, pickVictims, refusal, underPressure } from '../actors/node.ts';
 import { PlacementHost } from '../actors/placement-host.ts';
 import { SandboxHost } from '../actors/sandbox-host.ts';
 import {
   Buckets,
   type CreateReply,
+  type GroupVerb,
+  GroupVerbs,
   decode,
   encode,
   isToken,
@@ -25,6 +27,7 @@ import {
   requireRecord,
   type SandboxInfo,
   subjects,
+  toWireError,
   validateSpec,
 } from '../protocol/index.ts';
 import type { Backend } from './backend.ts';
@@ -33,6 +36,7 @@ import { ContainerBackend } from './container/backend.ts';
 import { ensureBusyboxImage } from './images/busybox.ts';
 import { ImageStore } from './images/store.ts';
 import { Semaphore } from './limit.ts';
+import { describe, judge, readMemory } from './pressure.ts';
 
 export class PaddockNode {
   private nc!: NatsConnection;
@@ -45,6 +49,8 @@ export class PaddockNode {
   private readonly subs: Subscription[] = [];
   private placement?: PlacementHost;
   private heartbeat?: NodeJS.Timeout;
+  private pressureTimer?: NodeJS.Timeout;
+  private reclaiming = false;
   private imageNames: string[] = [];
   private readonly creates: Semaphore;
   readonly capacity: Resources;
@@ -85,10 +91,12 @@ export class PaddockNode {
 
     this.supervisor.start();
     this.subs.push(serve(this.nc, subjects.node(this.id, 'create'), { log: this.log, name: 'node.create', maxBytes: Limits.createBytesMax }, (req) => this.create(req.body)));
+    this.subs.push(serve(this.nc, subjects.node(this.id, 'group'), { log: this.log, name: 'node.group' }, (req) => this.group(req.body)));
     this.subs.push(serve(this.nc, subjects.node(this.id, 'info'), { log: this.log, name: 'node.info' }, async () => ({ ...this.record(), ids: [...this.sandboxes.keys()] })));
 
     await this.beat();
     this.heartbeat = setInterval(() => void this.beat(), this.cfg.heartbeatMs);
+    this.pressureTimer = setInterval(() => void this.watchMemory(), this.cfg.pressure.intervalMs);
     if (this.cfg.placement) {
       this.placement = new PlacementHost(this.nc, this.nodesKv, this.log.child({ part: 'placement' }));
       await this.placement.start();
@@ -120,7 +128,7 @@ export class PaddockNode {
       sandboxes: this.sandboxes.size,
       heartbeatMs: this.cfg.heartbeatMs,
       ts: Date.now(),
-      state: this.supervisor.getSnapshot().value === 'serving' ? 'serving' : 'draining',
+      state: admissionState(this.supervisor.getSnapshot().value) === 'serving' ? 'serving' : 'draining',
     };
   }
 
@@ -151,7 +159,7 @@ export class PaddockNode {
 
     const need: Resources = { cpu: spec.cpu, memoryMiB: spec.memoryMiB, sandboxes: 1 };
     const snap = this.supervisor.getSnapshot();
-    if (snap.value !== 'serving') throw new ProtocolError('NO_CAPACITY', `node ${this.id} is draining`);
+    if (admissionState(snap.value) !== 'serving') throw new ProtocolError('NO_CAPACITY', `node ${this.id} is draining`);
     if (!snap.can({ type: 'ADMIT', id, need })) {
       throw new ProtocolError('NO_CAPACITY', `node ${this.id} is full: ${refusal(snap.context, need) ?? 'refused'}`);
     }
@@ -186,9 +194,83 @@ export class PaddockNode {
     return { sandbox: info };
   }
 
+  /** Applies a group verb to this node's sandboxes of `group`, many at once; a summary per sandbox. */
+  private async group(body: unknown): Promise<NodeGroupReply> {
+    const b = requireRecord(body, 'group');
+    if (!isToken(b.group)) throw new ProtocolError('INVALID_REQUEST', 'group: must be 1-64 characters of [A-Za-z0-9_-]');
+    if (typeof b.verb !== 'string' || !(GroupVerbs as readonly string[]).includes(b.verb)) {
+      throw new ProtocolError('UNKNOWN_VERB', `unknown group verb ${JSON.stringify(b.verb)}; known: ${GroupVerbs.join(', ')}`);
+    }
+    const verb = b.verb as GroupVerb;
+    const members = [...this.sandboxes.values()].filter((h) => h.spec.group === b.group);
+    const failed: NodeGroupReply['failed'] = [];
+    let ok = 0;
+    const limit = new Semaphore(64);
+    await Promise.all(
+      members.map((h) =>
+        limit.run(async () => {
+          try {
+            await applyGroupVerb(h, verb);
+            ok++;
+          } catch (err) {
+            const w = toWireError(err);
+            failed.push({ id: h.id, node: this.id, code: w.code, message: w.message });
+          }
+        }),
+      ),
+    );
+    return { total: members.length, ok, failed };
+  }
+
+  /** One reading of the memory gauge; under pressure, hibernate idle best-effort sandboxes one by one. */
+  private async watchMemory(): Promise<void> {
+    if (this.reclaiming) return;
+    this.reclaiming = true;
+    try {
+      let reading = await readMemory();
+      const verdict = judge(reading, this.cfg.pressure);
+      const was = underPressure(this.supervisor.getSnapshot().value);
+      if (verdict === 'pressure' && !was) {
+        this.supervisor.send({ type: 'PRESSURE', reading: describe(reading) });
+        this.log.warn({ memory: reading }, 'memory pressure: hibernating idle best-effort sandboxes');
+      } else if (verdict === 'relieved' && was) {
+        this.supervisor.send({ type: 'RELIEVED' });
+        this.log.info({ memory: reading }, 'memory pressure relieved');
+      }
+      if (!underPressure(this.supervisor.getSnapshot().value)) return;
+      const now = Date.now();
+      const victims = pickVictims(
+        [...this.sandboxes.values()].map((h) => ({ id: h.id, qos: h.spec.qos, state: h.state, idleSince: h.idleSince() })),
+        now,
+        this.cfg.pressure.minIdleMs,
+      );
+      for (const id of victims) {
+        const h = this.sandboxes.get(id);
+        if (!h) continue;
+        await tracer.startActiveSpan('node.pressure.hibernate', { attributes: { 'sandbox.id': id, 'node.memory': describe(reading), 'sandbox.idle_ms': now - h.idleSince() } }, async (span) => {
+          try {
+            const info = await h.lifecycle({ type: 'HIBERNATE', why: 'pressure' });
+            this.log.warn({ sandbox: id, idleMs: now - h.idleSince(), released: info.released, memory: reading }, 'hibernated under memory pressure');
+          } catch (err) {
+            this.log.warn({ err, sandbox: id }, 'could not hibernate under pressure');
+          } finally {
+            span.end();
+          }
+        });
+        reading = await readMemory();
+        if (judge(reading, this.cfg.pressure) !== 'pressure') break;
+      }
+    } catch (err) {
+      this.log.warn({ err }, 'memory watch failed');
+    } finally {
+      this.reclaiming = false;
+    }
+  }
+
   /** Stops serving; kills every sandbox (nothing is left behind) unless `keepSandboxes`. */
   async stop(opts: { keepSandboxes?: boolean } = {}): Promise<void> {
     clearInterval(this.heartbeat);
+    clearInterval(this.pressureTimer);
     this.placement?.stop();
     this.supervisor.send({ type: 'DRAIN' });
     for (const s of this.subs) s.unsubscribe();
@@ -197,5 +279,34 @@ export class PaddockNode {
     await this.backend?.close();
     this.supervisor.send({ type: 'STOP' });
     await this.nc?.drain().catch(() => {});
+  }
+}
+
+export interface NodeGroupReply {
+  total: number;
+  ok: number;
+  failed: Array<{ id: string; node: string; code: string; message: string }>;
+}
+
+/** A group verb on one sandbox; already being where the verb leads counts as done. */
+async function applyGroupVerb(h: SandboxHost, verb: GroupVerb): Promise<void> {
+  const st = h.state;
+  switch (verb) {
+    case 'kill':
+      await h.kill('killed');
+      return;
+    case 'pause':
+      if (st === 'paused' || st === 'hibernated') return;
+      await h.lifecycle({ type: 'PAUSE', why: 'group' });
+      return;
+    case 'hibernate':
+      if (st === 'hibernated') return;
+      await h.lifecycle({ type: 'HIBERNATE', why: 'group' });
+      return;
+    case 'resume':
+    case 'restore':
+      if (st === 'running') return;
+      await h.lifecycle({ type: st === 'hibernated' ? 'RESTORE' : 'RESUME' });
+      return;
   }
 }

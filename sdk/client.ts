@@ -3,7 +3,7 @@ import { readFileSync } from 'node:fs';
 import { type KV, Kvm } from '@nats-io/kv';
 import { connect, type NatsConnection } from '@nats-io/transport-node';
 import { natsUrlFile } from '../protocol/discovery.ts';
-import { Buckets, type CreateReply, decode, type SandboxInfo, type SandboxSpec, type SandboxState, subjects } from '../protocol/index.ts';
+import { Buckets, type CreateReply, decode, type GroupReply, type GroupVerb, type SandboxInfo, type SandboxSpec, type SandboxState, subjects } from '../protocol/index.ts';
 import { NotFoundError, UnavailableError } from './errors.ts';
 import { Sandbox } from './sandbox.ts';
 import { type CallOptions, Transport } from './transport.ts';
@@ -38,12 +38,15 @@ function defaultServers(): string {
 
 export class Paddock {
   readonly sandboxes: Sandboxes;
+  /** Verbs on every sandbox of a training job at once (created with `group`). */
+  readonly groups: Groups;
 
   private constructor(
     readonly nc: NatsConnection,
     t: Transport,
   ) {
     this.sandboxes = new Sandboxes(t);
+    this.groups = new Groups(t);
   }
 
   static async connect(opts: ConnectOptions = {}): Promise<Paddock> {
@@ -115,5 +118,30 @@ export class Sandboxes {
       }
     }
     return out.sort((a, b) => a.createdAt - b.createdAt);
+  }
+}
+
+/** `pdk.groups.pause('job-7')`: one call, every sandbox of the group on every node, one summary. */
+export class Groups {
+  constructor(private readonly t: Transport) {}
+
+  private verb(group: string, verb: GroupVerb, opts?: CallOptions): Promise<GroupReply> {
+    return this.t.request<GroupReply>(subjects.group(group, verb), {}, opts);
+  }
+
+  pause(group: string, opts?: CallOptions): Promise<GroupReply> {
+    return this.verb(group, 'pause', opts);
+  }
+  resume(group: string, opts?: CallOptions): Promise<GroupReply> {
+    return this.verb(group, 'resume', opts);
+  }
+  hibernate(group: string, opts?: CallOptions): Promise<GroupReply> {
+    return this.verb(group, 'hibernate', opts);
+  }
+  restore(group: string, opts?: CallOptions): Promise<GroupReply> {
+    return this.verb(group, 'restore', opts);
+  }
+  kill(group: string, opts?: CallOptions): Promise<GroupReply> {
+    return this.verb(group, 'kill', opts);
   }
 }

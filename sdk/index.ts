@@ -8,7 +8,7 @@
  * await sb.kill()
  * ```
  */
-export { Paddock, Sandboxes } from './client.ts';
+export { Groups, Paddock, Sandboxes } from './client.ts';
 export type { ConnectOptions, CreateSpec, ListOptions } from './client.ts';
 export {
   BackendError,
@@ -26,4 +26,4 @@ export {
 export { Sandbox, SandboxFiles } from './sandbox.ts';
 export type { ExecOptions, ExecResult, ExecStreamEvent } from './sandbox.ts';
 export type { CallOptions } from './transport.ts';
-export type { ErrorCode, FileEntry, SandboxInfo, SandboxSpec, SandboxState } from '../protocol/index.ts';
+export type { ErrorCode, FileEntry, GroupReply, SandboxInfo, SandboxSpec, SandboxState } from '../protocol/index.ts';

@@ -183,6 +183,32 @@ export class Sandbox {
     }
   }
 
+  /** Freezes every process of the sandbox; state, memory and files are kept. */
+  async pause(opts?: CallOptions): Promise<SandboxInfo> {
+    this.info = await this.call<SandboxInfo>('pause', {}, opts);
+    return this.info;
+  }
+
+  async resume(opts?: CallOptions): Promise<SandboxInfo> {
+    this.info = await this.call<SandboxInfo>('resume', {}, opts);
+    return this.info;
+  }
+
+  /**
+   * Freezes the sandbox and gives its memory back to the node; `info.released.bytes` says how much.
+   * An exec or file call on a hibernated (or paused) sandbox wakes it first, unless it was created
+   * with `autoResume: false`.
+   */
+  async hibernate(opts?: CallOptions): Promise<SandboxInfo> {
+    this.info = await this.call<SandboxInfo>('hibernate', {}, opts);
+    return this.info;
+  }
+
+  async restore(opts?: CallOptions): Promise<SandboxInfo> {
+    this.info = await this.call<SandboxInfo>('restore', {}, opts);
+    return this.info;
+  }
+
   /** Kills the sandbox and waits until it is gone. Killing a sandbox that already ended is a no-op. */
   async kill(opts?: CallOptions): Promise<SandboxInfo> {
     try {

@@ -3,7 +3,7 @@ import test from 'ava';
 import { createActor, fromPromise, SimulatedClock } from 'xstate';
 import { nodeMachine, refusal } from '../actors/node.ts';
 import { isLive, type PlacementContext, rank } from '../actors/placement.ts';
-import { allows, sandboxMachine } from '../actors/sandbox.ts';
+import { allows, publicState, sandboxMachine } from '../actors/sandbox.ts';
 import { type NodeRecord, validateSpec } from '../protocol/index.ts';
 
 function deferred() {
@@ -16,9 +16,11 @@ function deferred() {
   return { promise, resolve, reject };
 }
 
-function sandbox(opts: { ttlMs?: number } = {}) {
+function sandbox(opts: { ttlMs?: number; idleMs?: number; idleAction?: 'pause' | 'hibernate' | 'kill' } = {}) {
   const create = deferred();
   const destroyed: string[] = [];
+  const calls: string[] = [];
+  const hibernate = deferred();
   const clock = new SimulatedClock();
   const machine = sandboxMachine.provide({
     actors: {
@@ -26,23 +28,55 @@ function sandbox(opts: { ttlMs?: number } = {}) {
       destroy: fromPromise(async ({ input }) => {
         destroyed.push(input.reason);
       }),
+      pause: fromPromise(async () => {
+        calls.push('pause');
+      }),
+      resume: fromPromise(async () => {
+        calls.push('resume');
+      }),
+      hibernate: fromPromise<{ bytes: number; swapped: boolean }, { id: string }>(async () => {
+        calls.push('hibernate');
+        await hibernate.promise;
+        return { bytes: 42, swapped: false };
+      }),
+      restore: fromPromise(async () => {
+        calls.push('restore');
+      }),
     },
   });
-  const actor = createActor(machine, { input: { id: 'sb-x', ttlMs: opts.ttlMs ?? 60_000 }, clock });
+  const input = { id: 'sb-x', ttlMs: opts.ttlMs ?? 60_000, ...(opts.idleMs ? { idleMs: opts.idleMs } : {}), ...(opts.idleAction ? { idleAction: opts.idleAction } : {}) };
+  const actor = createActor(machine, { input, clock });
   actor.start();
   const tick = () => new Promise((r) => setImmediate(r));
-  return { actor, create, destroyed, clock, tick };
+  return {
+    actor,
+    create,
+    destroyed,
+    calls,
+    clock,
+    tick,
+    hibernation: () => hibernate,
+  };
+}
+
+const st = (s: { actor: { getSnapshot(): { value: unknown } } }) => publicState(s.actor.getSnapshot().value);
+
+async function running(opts: Parameters<typeof sandbox>[0] = {}) {
+  const s = sandbox(opts);
+  s.create.resolve();
+  await s.tick();
+  return s;
 }
 
 test('sandbox: creating → running → (kill) → stopping → stopped', async (t) => {
   const s = sandbox();
-  t.is(s.actor.getSnapshot().value, 'creating');
+  t.is(st(s), 'creating');
   s.create.resolve();
   await s.tick();
-  t.is(s.actor.getSnapshot().value, 'running');
+  t.is(st(s), 'running');
   s.actor.send({ type: 'KILL' });
   await s.tick();
-  t.is(s.actor.getSnapshot().value, 'stopped');
+  t.is(st(s), 'stopped');
   t.is(s.actor.getSnapshot().context.reason, 'killed');
   t.deepEqual(s.destroyed, ['killed']);
 });
@@ -50,10 +84,10 @@ test('sandbox: creating → running → (kill) → stopping → stopped', async 
 test('sandbox: a kill during creating is honoured once created', async (t) => {
   const s = sandbox();
   s.actor.send({ type: 'KILL' });
-  t.is(s.actor.getSnapshot().value, 'creating');
+  t.is(st(s), 'creating');
   s.create.resolve();
   await s.tick();
-  t.is(s.actor.getSnapshot().value, 'stopped');
+  t.is(st(s), 'stopped');
   t.deepEqual(s.destroyed, ['killed']);
 });
 
@@ -62,7 +96,7 @@ test('sandbox: a failed create ends in failed, with the error and no destroy', a
   s.create.reject(new Error('crun exploded'));
   await s.tick();
   const snap = s.actor.getSnapshot();
-  t.is(snap.value, 'failed');
+  t.is(publicState(snap.value), 'failed');
   t.is(snap.context.reason, 'create_failed');
   t.is(snap.context.error?.message, 'crun exploded');
   t.deepEqual(s.destroyed, []);
@@ -74,10 +108,10 @@ test('sandbox: the ttl kills it, not a moment early', async (t) => {
   await s.tick();
   s.clock.increment(9_999);
   await s.tick();
-  t.is(s.actor.getSnapshot().value, 'running');
+  t.is(st(s), 'running');
   s.clock.increment(1);
   await s.tick();
-  t.is(s.actor.getSnapshot().value, 'stopped');
+  t.is(st(s), 'stopped');
   t.is(s.actor.getSnapshot().context.reason, 'ttl');
 });
 
@@ -87,7 +121,7 @@ test('sandbox: a crash ends in failed after cleanup', async (t) => {
   await s.tick();
   s.actor.send({ type: 'CRASHED', error: { code: 'BACKEND_FAILED', message: 'init died', retryable: false } });
   await s.tick();
-  t.is(s.actor.getSnapshot().value, 'failed');
+  t.is(st(s), 'failed');
   t.deepEqual(s.destroyed, ['crashed']);
 });
 
@@ -153,4 +187,96 @@ test('placement: ranks live nodes by free share, filters by backend, image and l
   // Creates in flight count against a node before its heartbeat shows them.
   const pending: PlacementContext = { ...ctx, pending: { idle: { cpu: 31, memoryMiB: 0, sandboxes: 1 } } };
   t.deepEqual(rank(pending, spec, now).nodes, ['busy', 'idle']);
+});
+
+test('sandbox: pause → paused → resume → running; hibernate → hibernated → restore', async (t) => {
+  const s = await running();
+  s.actor.send({ type: 'PAUSE' });
+  await s.tick();
+  t.is(st(s), 'paused');
+  s.actor.send({ type: 'RESUME' });
+  await s.tick();
+  t.is(st(s), 'running');
+  s.actor.send({ type: 'HIBERNATE', why: 'pressure' });
+  t.is(st(s), 'hibernating');
+  s.hibernation().resolve();
+  await s.tick();
+  t.is(st(s), 'hibernated');
+  t.deepEqual(s.actor.getSnapshot().context.released, { bytes: 42, swapped: false });
+  t.is(s.actor.getSnapshot().context.sleepReason, 'pressure');
+  s.actor.send({ type: 'RESTORE' });
+  await s.tick();
+  t.is(st(s), 'running');
+  t.deepEqual(s.calls, ['pause', 'resume', 'hibernate', 'restore']);
+});
+
+test('sandbox: illegal transitions are refused (resume while running, restore while paused, pause while stopping)', async (t) => {
+  const s = await running();
+  t.false(s.actor.getSnapshot().can({ type: 'RESUME' }));
+  t.false(s.actor.getSnapshot().can({ type: 'RESTORE' }));
+  s.actor.send({ type: 'PAUSE' });
+  await s.tick();
+  t.false(s.actor.getSnapshot().can({ type: 'PAUSE' }));
+  t.false(s.actor.getSnapshot().can({ type: 'RESTORE' }));
+  t.true(s.actor.getSnapshot().can({ type: 'HIBERNATE' }));
+  s.actor.send({ type: 'RESUME' });
+  await s.tick();
+  s.actor.send({ type: 'KILL' });
+  await s.tick();
+  t.is(st(s), 'stopped');
+  t.false(s.actor.getSnapshot().can({ type: 'PAUSE' }));
+});
+
+test('sandbox: a kill while hibernating waits for the hibernation, then stops', async (t) => {
+  const s = await running();
+  s.actor.send({ type: 'HIBERNATE' });
+  s.actor.send({ type: 'KILL' });
+  await s.tick();
+  t.is(st(s), 'hibernating');
+  t.deepEqual(s.destroyed, []);
+  s.hibernation().resolve();
+  await s.tick();
+  t.is(st(s), 'stopped');
+  t.deepEqual(s.destroyed, ['killed']);
+});
+
+test('sandbox: the ttl keeps running while paused', async (t) => {
+  const s = await running({ ttlMs: 10_000 });
+  s.clock.increment(6_000);
+  s.actor.send({ type: 'PAUSE' });
+  await s.tick();
+  s.clock.increment(4_000);
+  await s.tick();
+  t.is(st(s), 'stopped');
+  t.is(s.actor.getSnapshot().context.reason, 'ttl');
+});
+
+test('sandbox: idle timeout pauses, never under a call in flight, and restarts after each call', async (t) => {
+  const s = await running({ idleMs: 1000, idleAction: 'pause' });
+  s.clock.increment(900);
+  s.actor.send({ type: 'ACTIVITY_START' });
+  s.clock.increment(5000);
+  await s.tick();
+  t.is(st(s), 'running', 'a long exec is not idleness');
+  s.actor.send({ type: 'ACTIVITY_END' });
+  s.clock.increment(999);
+  await s.tick();
+  t.is(st(s), 'running');
+  s.clock.increment(1);
+  await s.tick();
+  t.is(st(s), 'paused');
+  t.is(s.actor.getSnapshot().context.sleepReason, 'idle');
+});
+
+test('sandbox: idle timeout can hibernate or kill, and says why', async (t) => {
+  const h = await running({ idleMs: 1000, idleAction: 'hibernate' });
+  h.hibernation().resolve();
+  h.clock.increment(1000);
+  await h.tick();
+  t.is(st(h), 'hibernated');
+  const k = await running({ idleMs: 1000, idleAction: 'kill' });
+  k.clock.increment(1000);
+  await k.tick();
+  t.is(st(k), 'stopped');
+  t.is(k.actor.getSnapshot().context.reason, 'idle');
 });

@@ -89,5 +89,5 @@ test.serial('malformed, oversize and unknown-verb messages get error replies; th
 
 test('validateSpec fills defaults', (t) => {
   const s = validateSpec({});
-  t.deepEqual(s, { backend: 'container', image: 'busybox', cpu: 1, memoryMiB: 256, pidsLimit: 1024, ttlSec: 3600, labels: {}, env: {} });
+  t.deepEqual(s, { backend: 'container', image: 'busybox', cpu: 1, memoryMiB: 256, pidsLimit: 1024, ttlSec: 3600, labels: {}, env: {}, idleAction: 'pause', qos: 'ls', autoResume: true });
 });

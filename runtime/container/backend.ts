@@ -21,6 +21,7 @@ import type { ImageManifest, ImageStore, LayerRef } from '../images/store.ts';
 import { run } from '../proc.ts';
 import { execInContainer } from './exec.ts';
 import { baseEnv, ociConfig } from './oci.ts';
+import { CgroupSleep } from './sleep.ts';
 
 export interface ContainerBackendOptions {
   nodeDir: string;
@@ -40,8 +41,12 @@ export class ContainerBackend implements Backend {
   private readonly layerMounts = new Map<string, Promise<string>>();
   private execSeq = 0;
   private readonly hierarchies: string[];
-  /** Base environment of each sandbox: `crun exec --env` replaces the config's, so we pass it whole. */
-  private readonly envs = new Map<string, Record<string, string>>();
+  /**
+   * Per sandbox: its base environment (`crun exec --env` replaces the config's, so we pass it
+   * whole) and whether its processes run under SCHED_IDLE (best-effort QoS).
+   */
+  private readonly procs = new Map<string, { env: Record<string, string>; idle: boolean }>();
+  private readonly sleeper: CgroupSleep;
 
   constructor(private readonly opts: ContainerBackendOptions) {
     this.crun = opts.crun ?? 'crun';
@@ -50,6 +55,7 @@ export class ContainerBackend implements Backend {
     this.sandboxesDir = join(opts.nodeDir, 'sandboxes');
     this.cgroupMode = detectCgroups();
     this.hierarchies = this.cgroupMode === 'v2' ? [] : v1Hierarchies();
+    this.sleeper = new CgroupSleep(this.cgroupMode);
     if (this.cgroupMode === 'hybrid') {
       throw new Error('cgroups are hybrid: crun needs /sys/fs/cgroup/unified unmounted; start the node through node-main.ts, which does it in a private mount namespace');
     }
@@ -97,8 +103,9 @@ export class ContainerBackend implements Backend {
       await run('mount', ['-t', 'overlay', 'overlay', '-o', `lowerdir=${lowerdir},upperdir=${join(dir, 'upper')},workdir=${join(dir, 'work')}`, rootfs]);
       const config = ociConfig({ spec, image, rootfs, cgroupsPath: this.cgroupPath(id), cgroupMode: this.cgroupMode });
       await writeFile(join(dir, 'config.json'), JSON.stringify(config));
-      this.envs.set(id, Object.fromEntries(baseEnv(image, spec).map((kv) => [kv.slice(0, kv.indexOf('=')), kv.slice(kv.indexOf('=') + 1)])));
-      await this.crunRun(id, dir);
+      const env = Object.fromEntries(baseEnv(image, spec).map((kv) => [kv.slice(0, kv.indexOf('=')), kv.slice(kv.indexOf('=') + 1)]));
+      this.procs.set(id, { env, idle: spec.qos === 'be' });
+      await this.crunRun(id, dir, spec.qos === 'be');
     } catch (e) {
       await this.destroy(id).catch(() => {});
       if (e instanceof ProtocolError) throw e;
@@ -106,14 +113,20 @@ export class ContainerBackend implements Backend {
     }
   }
 
-  private async crunRun(id: string, dir: string): Promise<void> {
+  /** A crun command line, under SCHED_IDLE for best-effort sandboxes (children inherit the policy). */
+  private crunCmd(args: string[], idle: boolean): [string, string[]] {
+    return idle ? ['chrt', ['--idle', '0', this.crun, ...args]] : [this.crun, args];
+  }
+
+  private async crunRun(id: string, dir: string, idle: boolean): Promise<void> {
     // The container's init inherits crun's stdio and keeps it open for its whole life, so crun's
     // stderr goes to a file rather than a pipe we would wait on forever.
     const errFile = join(dir, 'crun.err');
     const fd = openSync(errFile, 'w');
     try {
       const code = await new Promise<number>((resolve, reject) => {
-        const child = spawn(this.crun, ['--root', this.crunRoot, 'run', '-d', '--bundle', dir, id], { stdio: ['ignore', 'ignore', fd] });
+        const [cmd, args] = this.crunCmd(['--root', this.crunRoot, 'run', '-d', '--bundle', dir, id], idle);
+        const child = spawn(cmd, args, { stdio: ['ignore', 'ignore', fd] });
         child.on('error', reject);
         child.on('exit', (c) => resolve(c ?? 1));
       });
@@ -128,8 +141,44 @@ export class ContainerBackend implements Backend {
 
   exec(id: string, opts: ExecOptions): Promise<ExecOutcome> {
     const pidFile = join(this.dir(id), `exec-${++this.execSeq}.pid`);
-    const env = { ...this.envs.get(id), ...opts.env };
-    return execInContainer({ crun: this.crun, root: this.crunRoot, id, pidFile }, { ...opts, env });
+    const p = this.procs.get(id);
+    const env = { ...p?.env, ...opts.env };
+    const [crun, prefix] = this.crunCmd([], p?.idle ?? false);
+    return execInContainer({ crun, prefix, root: this.crunRoot, id, pidFile }, { ...opts, env });
+  }
+
+  pause(id: string): Promise<void> {
+    return this.freezeOrThaw(id);
+  }
+
+  resume(id: string): Promise<void> {
+    return this.sleeper.thaw(this.cgroupPath(id));
+  }
+
+  async hibernate(id: string): Promise<{ bytes: number; swapped: boolean }> {
+    const path = this.cgroupPath(id);
+    await this.freezeOrThaw(id);
+    try {
+      return await this.sleeper.reclaim(path);
+    } catch (e) {
+      await this.sleeper.thaw(path).catch(() => {});
+      throw new ProtocolError('BACKEND_FAILED', `hibernate ${id}: ${(e as Error).message}`, { cause: e });
+    }
+  }
+
+  restore(id: string): Promise<void> {
+    return this.sleeper.thaw(this.cgroupPath(id));
+  }
+
+  /** Freezes, and thaws again if freezing fails halfway: a sandbox is never left half-frozen. */
+  private async freezeOrThaw(id: string): Promise<void> {
+    const path = this.cgroupPath(id);
+    try {
+      await this.sleeper.freeze(path);
+    } catch (e) {
+      await this.sleeper.thaw(path).catch(() => {});
+      throw e instanceof ProtocolError ? e : new ProtocolError('BACKEND_FAILED', `pause ${id}: ${(e as Error).message}`, { cause: e });
+    }
   }
 
   files(id: string): RootFiles {
@@ -138,7 +187,9 @@ export class ContainerBackend implements Backend {
 
   async destroy(id: string): Promise<void> {
     const dir = this.dir(id);
-    this.envs.delete(id);
+    this.procs.delete(id);
+    // Frozen processes cannot die: thaw first, or `delete --force` waits on them.
+    await this.sleeper.thaw(this.cgroupPath(id)).catch(() => {});
     // `delete --force` kills every process of the container and removes its cgroup.
     const del = await run(this.crun, ['--root', this.crunRoot, 'delete', '--force', id], { allowFail: true });
     if (del.code !== 0 && !/does not exist|not found|No such file/i.test(del.stderr)) {

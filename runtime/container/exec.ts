@@ -61,14 +61,16 @@ export async function killTree(pid: number): Promise<void> {
 }
 
 export interface CrunExecArgs {
+  /** The program to spawn: crun, or a wrapper such as chrt whose arguments `prefix` holds. */
   crun: string;
+  prefix?: string[];
   root: string;
   id: string;
   pidFile: string;
 }
 
 export function execInContainer(a: CrunExecArgs, opts: ExecOptions): Promise<ExecOutcome> {
-  const args = ['--root', a.root, 'exec', '--pid-file', a.pidFile];
+  const args = [...(a.prefix ?? []), '--root', a.root, 'exec', '--pid-file', a.pidFile];
   if (opts.cwd) args.push('--cwd', opts.cwd);
   for (const [k, v] of Object.entries(opts.env ?? {})) args.push('--env', `${k}=${v}`);
   args.push(a.id, ...opts.cmd);

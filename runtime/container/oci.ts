@@ -81,7 +81,9 @@ export function ociConfig({ spec, image, rootfs, cgroupsPath, cgroupMode }: OciI
       resources: {
         devices: [{ allow: false, access: 'rwm' }],
         memory: { limit: memory, swap: memory },
-        cpu: { quota: Math.max(1000, Math.round(spec.cpu * period)), period, shares: Math.max(2, Math.round(spec.cpu * 1024)) },
+        // Best-effort sandboxes get the smallest weight the kernel takes: they run on what
+        // latency-sensitive ones leave (their processes also run under SCHED_IDLE).
+        cpu: { quota: Math.max(1000, Math.round(spec.cpu * period)), period, shares: spec.qos === 'be' ? 2 : Math.max(1024, Math.round(spec.cpu * 1024)) },
         pids: { limit: spec.pidsLimit },
       },
       maskedPaths: MASKED_PATHS,

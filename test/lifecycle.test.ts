@@ -1,0 +1,151 @@
+import { readFile } from 'node:fs/promises';
+import { connect } from '@nats-io/transport-node';
+import { decode, type SandboxInfo, subjects } from '../protocol/index.ts';
+import { run } from '../runtime/proc.ts';
+import { InvalidStateError } from '../sdk/index.ts';
+import { clusterTest } from './helpers/cluster.ts';
+
+const test = clusterTest({ nodes: 2 });
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+const cgroupFile = (node: string, id: string, ctrl: string, file: string) => `/sys/fs/cgroup/${ctrl}/paddock/${node}/${id}/${file}`;
+
+async function waitState(get: () => Promise<SandboxInfo>, state: string, ms = 5000): Promise<SandboxInfo> {
+  const until = Date.now() + ms;
+  for (;;) {
+    const info = await get();
+    if (info.state === state || Date.now() > until) return info;
+    await sleep(50);
+  }
+}
+
+test('pause freezes the processes and keeps them; resume continues where they were', async (t) => {
+  const sb = await t.context.pdk.sandboxes.create({});
+  t.teardown(() => sb.kill());
+  await sb.exec(['sh', '-c', 'sleep 1000 > /dev/null 2>&1 & echo $! > /tmp/pid; (while :; do echo x >> /tmp/ticks; sleep 0.05; done) > /dev/null 2>&1 &']);
+  const pid = (await sb.files.readText('/tmp/pid')).trim();
+  t.is((await sb.pause()).state, 'paused');
+  t.is((await readFile(cgroupFile(sb.info.node, sb.id, 'freezer', 'freezer.state'), 'utf8')).trim(), 'FROZEN');
+  // Frozen: the ticker does not tick. (Read through the host side, which does not wake it.)
+  const before = (await readFile(`${t.context.home}/nodes/${sb.info.node}/sandboxes/${sb.id}/rootfs/tmp/ticks`, 'utf8')).length;
+  await sleep(300);
+  const after = (await readFile(`${t.context.home}/nodes/${sb.info.node}/sandboxes/${sb.id}/rootfs/tmp/ticks`, 'utf8')).length;
+  t.is(after, before);
+  await t.throwsAsync(sb.pause(), { instanceOf: InvalidStateError });
+  t.is((await sb.resume()).state, 'running');
+  await t.throwsAsync(sb.resume(), { instanceOf: InvalidStateError }, 'resume while running is refused');
+  const ps = await sb.exec(['ps', '-o', 'pid,args']);
+  t.regex(ps.stdout, new RegExp(`^\\s*${pid}\\s+sleep 1000`, 'm'));
+  await sleep(200);
+  const later = (await sb.files.readText('/tmp/ticks')).length;
+  t.true(later > after);
+});
+
+test('exec on a paused or hibernated sandbox wakes it; with autoResume off it is refused', async (t) => {
+  const { pdk } = t.context;
+  const sb = await pdk.sandboxes.create({});
+  t.teardown(() => sb.kill());
+  await sb.pause();
+  t.is((await sb.exec(['echo', 'awake'])).stdout, 'awake\n');
+  t.is((await sb.refresh()).state, 'running');
+  await sb.hibernate();
+  t.is((await sb.files.readText('/etc/hostname')).trim(), 'sandbox');
+  t.is((await sb.refresh()).state, 'running');
+
+  const strict = await pdk.sandboxes.create({ autoResume: false });
+  t.teardown(() => strict.kill());
+  await strict.pause();
+  const err = await t.throwsAsync(strict.exec(['true']), { instanceOf: InvalidStateError });
+  t.regex(err?.message ?? '', /paused.*autoResume/);
+  await strict.resume();
+  t.is((await strict.exec(['true'])).exitCode, 0);
+});
+
+test('hibernate gives memory back and reports it; restore finds everything in place', async (t) => {
+  const sb = await t.context.pdk.sandboxes.create({ memoryMiB: 512 });
+  t.teardown(() => sb.kill());
+  // 64 MiB of page cache charged to the sandbox, and a process holding state.
+  await sb.exec(['sh', '-c', 'dd if=/dev/zero of=/tmp/big bs=1M count=64 2>/dev/null; sleep 1000 > /dev/null 2>&1 &']);
+  const usage = Number(await readFile(cgroupFile(sb.info.node, sb.id, 'memory', 'memory.usage_in_bytes'), 'utf8'));
+  t.true(usage > 60 * 1024 * 1024, `usage ${usage}`);
+  const info = await sb.hibernate();
+  t.is(info.state, 'hibernated');
+  t.true((info.released?.bytes ?? 0) > 50 * 1024 * 1024, `released ${JSON.stringify(info.released)}`);
+  const now = Number(await readFile(cgroupFile(sb.info.node, sb.id, 'memory', 'memory.usage_in_bytes'), 'utf8'));
+  t.true(now < usage - 50 * 1024 * 1024);
+  // The limit is back where it was, for when it wakes.
+  t.is((await readFile(cgroupFile(sb.info.node, sb.id, 'memory', 'memory.limit_in_bytes'), 'utf8')).trim(), String(512 * 1024 * 1024));
+  await t.throwsAsync(sb.pause(), { instanceOf: InvalidStateError });
+  t.is((await sb.restore()).state, 'running');
+  t.is((await sb.exec(['sh', '-c', 'wc -c < /tmp/big'])).stdout.trim(), String(64 * 1024 * 1024));
+  t.regex((await sb.exec(['ps'])).stdout, /sleep 1000/);
+});
+
+test('idle timeout: pause after T without calls, never during a long exec; idle kill says so in its event', async (t) => {
+  const { pdk, cluster } = t.context;
+  const sb = await pdk.sandboxes.create({ idleTimeoutSec: 1, idleAction: 'pause' });
+  t.teardown(() => sb.kill());
+  // A call longer than the idle timeout is activity, not idleness.
+  t.is((await sb.exec(['sleep', '1.5'])).exitCode, 0);
+  t.is((await sb.refresh()).state, 'running');
+  const paused = await waitState(() => sb.refresh(), 'paused', 4000);
+  t.is(paused.state, 'paused');
+  t.is(paused.sleepReason, 'idle');
+
+  const nc = await connect({ servers: cluster.url });
+  t.teardown(() => nc.close());
+  const doomed = await pdk.sandboxes.create({ idleTimeoutSec: 1, idleAction: 'kill' });
+  const events = nc.subscribe(subjects.event(doomed.id, 'stopped'), { max: 1 });
+  const [ev] = await Promise.all([
+    (async () => {
+      for await (const m of events) return decode(m.data) as SandboxInfo;
+      return undefined;
+    })(),
+  ]);
+  t.is(ev?.state, 'stopped');
+  t.is(ev?.reason, 'idle');
+  t.is((await pdk.sandboxes.get(doomed.id)).info.reason, 'idle');
+});
+
+test('groups: pause, resume, hibernate and kill a training job on every node at once', async (t) => {
+  const { pdk } = t.context;
+  const g = `job-${Date.now()}`;
+  const sbs = await Promise.all(Array.from({ length: 6 }, () => pdk.sandboxes.create({ group: g, memoryMiB: 64 })));
+  const other = await pdk.sandboxes.create({ group: `${g}-other` });
+  t.teardown(() => other.kill());
+  t.is(new Set(sbs.map((s) => s.info.node)).size, 2, 'the group spans both nodes');
+  const p = await pdk.groups.pause(g);
+  t.like(p, { group: g, verb: 'pause', total: 6, ok: 6, failed: [], unreachable: [] });
+  for (const s of sbs) t.is((await s.refresh()).state, 'paused');
+  t.is((await other.refresh()).state, 'running', 'other groups are untouched');
+  t.like(await pdk.groups.pause(g), { total: 6, ok: 6 }, 'pausing again is a no-op, not a failure');
+  t.like(await pdk.groups.resume(g), { total: 6, ok: 6 });
+  for (const s of sbs) t.is((await s.refresh()).state, 'running');
+  t.like(await pdk.groups.hibernate(g), { total: 6, ok: 6 });
+  for (const s of sbs) t.is((await s.refresh()).state, 'hibernated');
+  t.like(await pdk.groups.restore(g), { total: 6, ok: 6 });
+  t.like(await pdk.groups.kill(g), { total: 6, ok: 6 });
+  for (const s of sbs) t.is((await pdk.sandboxes.get(s.id)).info.state, 'stopped');
+  t.like(await pdk.groups.pause('no-such-group'), { total: 0, ok: 0 });
+});
+
+test('QoS: best-effort processes run under SCHED_IDLE with a low CPU weight; latency-sensitive ones do not', async (t) => {
+  const { pdk } = t.context;
+  const be = await pdk.sandboxes.create({ qos: 'be' });
+  const ls = await pdk.sandboxes.create({ qos: 'ls', cpu: 2 });
+  t.teardown(() => Promise.all([be.kill(), ls.kill()]));
+  const policy = async (sb: typeof be) => {
+    const { stdout } = await sb.exec(['sh', '-c', 'sleep 30 > /dev/null 2>&1 & echo started']);
+    t.is(stdout, 'started\n');
+    const procs = (await readFile(cgroupFile(sb.info.node, sb.id, 'pids', 'cgroup.procs'), 'utf8')).trim().split('\n');
+    const out = await Promise.all(procs.map((pid) => run('chrt', ['-p', pid], { allowFail: true }).then((r) => r.stdout)));
+    return out.filter((o) => o.includes('policy')).map((o) => /policy: (\S+)/.exec(o)?.[1]);
+  };
+  const bePolicies = await policy(be);
+  t.true(bePolicies.length >= 2);
+  t.true(bePolicies.every((p) => p === 'SCHED_IDLE'), `be: ${bePolicies}`);
+  const lsPolicies = await policy(ls);
+  t.true(lsPolicies.every((p) => p === 'SCHED_OTHER'), `ls: ${lsPolicies}`);
+  t.is((await readFile(cgroupFile(be.info.node, be.id, 'cpu', 'cpu.shares'), 'utf8')).trim(), '2');
+  t.is((await readFile(cgroupFile(ls.info.node, ls.id, 'cpu', 'cpu.shares'), 'utf8')).trim(), '2048');
+});
