@@ -1,7 +1,8 @@
 /** The machines on their own: pure transitions, effects stubbed, time simulated. */
 import test from 'ava';
 import { createActor, fromPromise, SimulatedClock } from 'xstate';
-import { nodeMachine, refusal } from '../actors/node.ts';
+import { admissionState, nodeMachine, pickVictims, refusal, underPressure } from '../actors/node.ts';
+import { judge } from '../runtime/pressure.ts';
 import { isLive, type PlacementContext, rank } from '../actors/placement.ts';
 import { allows, publicState, sandboxMachine } from '../actors/sandbox.ts';
 import { type NodeRecord, validateSpec } from '../protocol/index.ts';
@@ -279,4 +280,37 @@ test('sandbox: idle timeout can hibernate or kill, and says why', async (t) => {
   await k.tick();
   t.is(st(k), 'stopped');
   t.is(k.actor.getSnapshot().context.reason, 'idle');
+});
+
+test('node: under pressure the victims are idle best-effort sandboxes, longest idle first', (t) => {
+  const now = 100_000;
+  const ids = pickVictims(
+    [
+      { id: 'ls-old', qos: 'ls', state: 'running', idleSince: 1 },
+      { id: 'be-recent', qos: 'be', state: 'running', idleSince: now - 40_000 },
+      { id: 'be-oldest', qos: 'be', state: 'running', idleSince: 10 },
+      { id: 'be-busy', qos: 'be', state: 'running', idleSince: 0 },
+      { id: 'be-paused', qos: 'be', state: 'paused', idleSince: 5 },
+      { id: 'be-fresh', qos: 'be', state: 'running', idleSince: now - 1_000 },
+    ],
+    now,
+    30_000,
+  );
+  t.deepEqual(ids, ['be-oldest', 'be-recent']);
+  const a = createActor(nodeMachine, { input: { capacity: { cpu: 1, memoryMiB: 1, sandboxes: 1 } } }).start();
+  t.false(underPressure(a.getSnapshot().value));
+  a.send({ type: 'PRESSURE', reading: 'low' });
+  t.true(underPressure(a.getSnapshot().value));
+  t.is(admissionState(a.getSnapshot().value), 'serving', 'pressure does not stop admission by itself');
+  a.send({ type: 'RELIEVED' });
+  t.false(underPressure(a.getSnapshot().value));
+});
+
+test('pressure: thresholds with hysteresis', (t) => {
+  const c = { minAvailableMiB: 1000, psiAvg10: 20 };
+  t.is(judge({ availableMiB: 900, psiAvg10: 0 }, c), 'pressure');
+  t.is(judge({ availableMiB: 5000, psiAvg10: 30 }, c), 'pressure');
+  t.is(judge({ availableMiB: 1100, psiAvg10: 0 }, c), 'hold');
+  t.is(judge({ availableMiB: 5000, psiAvg10: 15 }, c), 'hold');
+  t.is(judge({ availableMiB: 5000, psiAvg10: null }, c), 'relieved');
 });

@@ -26,10 +26,10 @@ test('pause freezes the processes and keeps them; resume continues where they we
   const pid = (await sb.files.readText('/tmp/pid')).trim();
   t.is((await sb.pause()).state, 'paused');
   t.is((await readFile(cgroupFile(sb.info.node, sb.id, 'freezer', 'freezer.state'), 'utf8')).trim(), 'FROZEN');
-  // Frozen: the ticker does not tick. (Read through the host side, which does not wake it.)
-  const before = (await readFile(`${t.context.home}/nodes/${sb.info.node}/sandboxes/${sb.id}/rootfs/tmp/ticks`, 'utf8')).length;
+  // Frozen: the ticker does not tick. (Read from its writable layer on the host, which does not wake it.)
+  const before = (await readFile(`${t.context.home}/nodes/${sb.info.node}/sandboxes/${sb.id}/upper/tmp/ticks`, 'utf8')).length;
   await sleep(300);
-  const after = (await readFile(`${t.context.home}/nodes/${sb.info.node}/sandboxes/${sb.id}/rootfs/tmp/ticks`, 'utf8')).length;
+  const after = (await readFile(`${t.context.home}/nodes/${sb.info.node}/sandboxes/${sb.id}/upper/tmp/ticks`, 'utf8')).length;
   t.is(after, before);
   await t.throwsAsync(sb.pause(), { instanceOf: InvalidStateError });
   t.is((await sb.resume()).state, 'running');
