@@ -18,9 +18,9 @@ export type PlacementEvent =
   | { type: 'SENT'; node: string; cpu: number; memoryMiB: number }
   | { type: 'SETTLED'; node: string; cpu: number; memoryMiB: number };
 
-/** A node is live while its last heartbeat is younger than three periods. */
+/** A node is live while its last heartbeat is younger than three periods (and 5 s: a busy host's timers slip). */
 export function isLive(r: NodeRecord, now: number): boolean {
-  return r.state === 'serving' && now - r.ts < 3 * r.heartbeatMs;
+  return r.state === 'serving' && now - r.ts < Math.max(3 * r.heartbeatMs, 5000);
 }
 
 export type Ranking = { nodes: string[]; reason?: string };

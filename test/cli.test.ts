@@ -1,0 +1,175 @@
+/**
+ * The `paddock` CLI as a user runs it: a separate process talking to a real cluster through
+ * NATS_URL. `up` is not covered: it owns a home directory and its nats.url; try it by hand with
+ * a temporary PADDOCK_HOME.
+ */
+import { spawn } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import type { SandboxInfo } from '../sdk/index.ts';
+import { clusterTest } from './helpers/cluster.ts';
+
+const test = clusterTest();
+const CLI = fileURLToPath(new URL('../ops/cli.ts', import.meta.url));
+
+interface Run {
+  code: number | null;
+  stdout: Buffer;
+  stderr: string;
+}
+
+function paddock(natsUrl: string | undefined, args: string[], input?: Uint8Array): Promise<Run> {
+  const env: NodeJS.ProcessEnv = { ...process.env, PADDOCK_HOME: join(tmpdir(), 'paddock-cli-test-nohome') };
+  if (natsUrl === undefined) delete env.NATS_URL;
+  else env.NATS_URL = natsUrl;
+  return new Promise((resolve, reject) => {
+    const child = spawn(process.execPath, ['--import', 'tsx', CLI, ...args], { env, stdio: ['pipe', 'pipe', 'pipe'] });
+    const out: Buffer[] = [];
+    const err: Buffer[] = [];
+    child.stdout.on('data', (d: Buffer) => out.push(d));
+    child.stderr.on('data', (d: Buffer) => err.push(d));
+    child.on('error', reject);
+    child.on('close', (code) => resolve({ code, stdout: Buffer.concat(out), stderr: Buffer.concat(err).toString() }));
+    child.stdin.end(input);
+  });
+}
+
+const ALL_BYTES = Uint8Array.from({ length: 256 }, (_, i) => i);
+
+test('create --json, ps --label, rm, info: a sandbox from birth to end', async (t) => {
+  const url = t.context.cluster.url;
+  const job = `cli${randomBytes(4).toString('hex')}`;
+  const created = await paddock(url, ['create', '--label', `job=${job}`, '--label', 'kind=cli', '--memory', '128', '--json']);
+  t.is(created.code, 0, created.stderr);
+  const info = JSON.parse(created.stdout.toString()) as SandboxInfo;
+  t.regex(info.id, /^sb-[a-z2-7]{16}$/);
+  t.is(info.state, 'running');
+  t.is(info.memoryMiB, 128);
+  t.deepEqual(info.labels, { job, kind: 'cli' });
+
+  const ps = await paddock(url, ['ps', '--label', `job=${job}`]);
+  t.is(ps.code, 0, ps.stderr);
+  const lines = ps.stdout.toString().trim().split('\n');
+  t.regex(lines[0] ?? '', /^ID\s+NODE\s+STATE\s+IMAGE\s+CPU\s+MEM\s+AGE\s+LABELS$/);
+  t.is(lines.length, 2);
+  t.regex(lines[1] ?? '', new RegExp(`^${info.id}\\s+\\S+\\s+running\\s+busybox\\s+1\\s+128Mi\\s+\\d+[smhd]\\s+.*job=${job}`));
+  const other = await paddock(url, ['ps', '--label', `job=${job}-other`, '--json']);
+  t.deepEqual(JSON.parse(other.stdout.toString()), []);
+
+  const removed = await paddock(url, ['rm', info.id]);
+  t.is(removed.code, 0, removed.stderr);
+  t.is(removed.stdout.toString(), `${info.id}: stopped (killed)\n`);
+
+  const after = await paddock(url, ['info', info.id, '--json']);
+  t.is(after.code, 0, after.stderr);
+  const ended = JSON.parse(after.stdout.toString()) as SandboxInfo;
+  t.is(ended.state, 'stopped');
+  t.is(ended.reason, 'killed');
+  const text = await paddock(url, ['info', info.id]);
+  t.regex(text.stdout.toString(), /^state: +stopped$/m);
+
+  t.is((await paddock(url, ['ps', '--label', `job=${job}`, '--json'])).stdout.toString().trim(), '[]');
+  const all = JSON.parse((await paddock(url, ['ps', '--all', '--label', `job=${job}`, '--json'])).stdout.toString()) as SandboxInfo[];
+  t.deepEqual(
+    all.map((s) => [s.id, s.state]),
+    [[info.id, 'stopped']],
+  );
+});
+
+test('exec streams stdout and stderr apart and exits with the command’s code', async (t) => {
+  const sb = await t.context.pdk.sandboxes.create({ labels: { test: 'cli-exec' } });
+  const url = t.context.cluster.url;
+  const r = await paddock(url, ['exec', sb.id, '--', 'sh', '-c', 'echo out; echo err >&2; exit 7']);
+  t.is(r.code, 7);
+  t.is(r.stdout.toString(), 'out\n');
+  t.is(r.stderr, 'err\n');
+
+  const opts = await paddock(url, ['exec', sb.id, '--cwd', '/tmp', '--env', 'GREETING=a=b', '--', 'sh', '-c', 'pwd; echo "$GREETING"']);
+  t.is(opts.code, 0, opts.stderr);
+  t.is(opts.stdout.toString(), '/tmp\na=b\n');
+
+  const piped = await paddock(url, ['exec', sb.id, '--stdin', '--', 'cat'], ALL_BYTES);
+  t.is(piped.code, 0, piped.stderr);
+  t.deepEqual(new Uint8Array(piped.stdout), ALL_BYTES);
+
+  const loud = await paddock(url, ['exec', sb.id, '--', 'yes']);
+  t.not(loud.code, 0);
+  t.is(loud.stdout.length, 1024 * 1024);
+  t.regex(loud.stderr, /output passed its cap/);
+
+  const slow = await paddock(url, ['exec', sb.id, '--timeout', '300', '--', 'sleep', '10']);
+  t.not(slow.code, 0);
+  t.regex(slow.stderr, /ran past 300 ms and was killed/);
+});
+
+test('files put then get round-trips bytes, from a file and from stdin', async (t) => {
+  const sb = await t.context.pdk.sandboxes.create({ labels: { test: 'cli-files' } });
+  const url = t.context.cluster.url;
+  const dir = await mkdtemp(join(tmpdir(), 'paddock-cli-files-'));
+  t.teardown(() => rm(dir, { recursive: true, force: true }));
+  const src = join(dir, 'all.bin');
+  await writeFile(src, ALL_BYTES);
+
+  const put = await paddock(url, ['files', 'put', sb.id, src, '/work/in/all.bin']);
+  t.is(put.code, 0, put.stderr);
+  const get = await paddock(url, ['files', 'get', sb.id, '/work/in/all.bin']);
+  t.is(get.code, 0, get.stderr);
+  t.deepEqual(new Uint8Array(get.stdout), ALL_BYTES);
+
+  const dest = join(dir, 'back.bin');
+  const toFile = await paddock(url, ['files', 'get', sb.id, '/work/in/all.bin', dest]);
+  t.is(toFile.code, 0, toFile.stderr);
+  t.deepEqual(new Uint8Array(await readFile(dest)), ALL_BYTES);
+
+  const big = randomBytes(3 * 1024 * 1024 + 17);
+  const fromStdin = await paddock(url, ['files', 'put', sb.id, '-', '/work/big.bin'], big);
+  t.is(fromStdin.code, 0, fromStdin.stderr);
+  const bigBack = await paddock(url, ['files', 'get', sb.id, '/work/big.bin', '-']);
+  t.true(bigBack.stdout.equals(big));
+
+  const ls = await paddock(url, ['files', 'ls', sb.id, '/work/in']);
+  t.is(ls.code, 0, ls.stderr);
+  t.regex(ls.stdout.toString(), /^-rw\S+\s+256\s+\S+\s+all\.bin$/m);
+  const missing = await paddock(url, ['files', 'get', sb.id, '/work/nope']);
+  t.is(missing.code, 2);
+  t.regex(missing.stderr, /^paddock: NOT_FOUND: /);
+});
+
+test('an unknown sandbox id is NOT_FOUND with exit code 2', async (t) => {
+  const url = t.context.cluster.url;
+  for (const args of [['info', 'sb-doesnotexist00000'], ['exec', 'sb-doesnotexist00000', '--', 'true'], ['rm', 'sb-doesnotexist00000'], ['info', 'not.a.token']]) {
+    const r = await paddock(url, args);
+    t.is(r.code, 2, args.join(' '));
+    t.regex(r.stderr, /NOT_FOUND: sandbox .* does not exist/, args.join(' '));
+    t.is(r.stdout.length, 0);
+  }
+});
+
+test('a bad spec is the caller’s fault: INVALID_SPEC, exit code 2', async (t) => {
+  const r = await paddock(t.context.cluster.url, ['create', '--memory', '1']);
+  t.is(r.code, 2);
+  t.regex(r.stderr, /^paddock: INVALID_SPEC: memoryMiB/);
+});
+
+test('an unknown command or flag prints the usage and exits 2', async (t) => {
+  const cmd = await paddock(undefined, ['frobnicate']);
+  t.is(cmd.code, 2);
+  t.regex(cmd.stderr, /unknown command 'frobnicate'/);
+  t.regex(cmd.stderr, /Usage: paddock/);
+  const flag = await paddock(undefined, ['ps', '--frobnicate']);
+  t.is(flag.code, 2);
+  t.regex(flag.stderr, /unknown option --frobnicate/);
+  t.regex(flag.stderr, /Usage: paddock/);
+  const help = await paddock(undefined, ['--help']);
+  t.is(help.code, 0);
+  t.regex(help.stdout.toString(), /^Usage: paddock/);
+});
+
+test('no reachable NATS is the platform’s fault: UNAVAILABLE, exit code 1', async (t) => {
+  const r = await paddock('nats://127.0.0.1:1', ['ps']);
+  t.is(r.code, 1);
+  t.regex(r.stderr, /^paddock: UNAVAILABLE: /);
+});
