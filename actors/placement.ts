@@ -34,8 +34,10 @@ export function rank(ctx: PlacementContext, spec: SandboxSpec, now: number, rand
   if (live.length === 0) return { nodes: [], reason: 'no live node' };
   const withBackend = live.filter((r) => r.backends.includes(spec.backend));
   if (withBackend.length === 0) return { nodes: [], reason: `no live node offers backend '${spec.backend}'` };
-  const withImage = withBackend.filter((r) => r.images.includes(spec.image));
-  if (withImage.length === 0) return { nodes: [], reason: `no live node has image '${spec.image}'` };
+  // A composed rootfs needs every image it is made of.
+  const wanted = [spec.image, spec.toolkit, spec.workspace].filter((x): x is string => x !== undefined);
+  const withImage = withBackend.filter((r) => wanted.every((w) => r.images.includes(w)));
+  if (withImage.length === 0) return { nodes: [], reason: `no live node has image${wanted.length > 1 ? 's' : ''} '${wanted.join("', '")}'` };
   const pinned = spec.node ? withImage.filter((r) => r.node === spec.node) : withImage;
   if (pinned.length === 0) return { nodes: [], reason: `node '${spec.node}' is not live or lacks the image` };
   const scored = pinned.map((r) => {

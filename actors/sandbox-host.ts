@@ -11,6 +11,7 @@ import {
   type EndReason,
   type ExecEvent,
   type ExecResult,
+  type ExecVerdict,
   encode,
   isSandboxVerb,
   optionalCount,
@@ -22,8 +23,11 @@ import {
   type SandboxVerb,
   subjects,
   validateExec,
+  validateNetworkPolicy,
   validatePath,
+  validateStep,
 } from '../protocol/index.ts';
+import type { StepJournal } from '../chronus/journal.ts';
 import type { Backend, ExecOutcome } from '../runtime/backend.ts';
 import type { ImageManifest } from '../runtime/images/store.ts';
 import { type Request, STREAMED, serve } from './bind.ts';
@@ -41,6 +45,8 @@ export interface SandboxHostDeps {
   clock?: ActorOptions<typeof sandboxMachine>['clock'];
   /** Called once, when the sandbox reaches a final state. */
   onFinal: (host: SandboxHost) => void;
+  /** The command log: an exec or write that carries a rollout step runs through it, at most once. */
+  journal?: StepJournal;
 }
 
 /** Room for the reply's envelope and fields around stdout and stderr. */
@@ -263,7 +269,10 @@ export class SandboxHost {
       case 'files.write': {
         const b = requireRecord(req.body, 'files.write');
         if (!(b.data instanceof Uint8Array)) throw new ProtocolError('INVALID_REQUEST', 'data: must be bytes');
-        return this.deps.backend.files(this.id).write(validatePath(b.path), b.data, { offset: optionalCount(b.offset, 'offset'), mode: optionalCount(b.mode, 'mode', 0o7777) });
+        const w = { path: validatePath(b.path), data: b.data, offset: optionalCount(b.offset, 'offset'), mode: optionalCount(b.mode, 'mode', 0o7777) };
+        const write = () => this.deps.backend.files(this.id).write(w.path, w.data, { offset: w.offset, mode: w.mode });
+        const step = validateStep(b);
+        return step ? this.journal().write({ ...step, sandbox: this.id }, w, write) : write();
       }
       case 'files.list': {
         const b = requireRecord(req.body, 'files.list');
@@ -273,6 +282,13 @@ export class SandboxHost {
         const b = requireRecord(req.body, 'files.remove');
         await this.deps.backend.files(this.id).remove(validatePath(b.path), b.recursive === true);
         return {};
+      }
+      case 'network.set': {
+        const b = requireRecord(req.body, 'network.set');
+        const policy = validateNetworkPolicy(b.policy ?? {}, 'INVALID_REQUEST', 'policy');
+        if (!this.deps.backend.setNetwork) throw new ProtocolError('INVALID_REQUEST', `backend ${this.spec.backend} has no network policies`);
+        await this.deps.backend.setNetwork(this.id, policy);
+        return { policy };
       }
     }
   }
@@ -288,11 +304,17 @@ export class SandboxHost {
       if (!reply) throw new ProtocolError('INVALID_REQUEST', 'a streamed exec needs a reply subject');
       const send = (ev: ExecEvent) => this.deps.nc.publish(reply, encode(ev));
       this.execs.set(execId, ctl);
+      // The request returns at once; the stream is activity until its exit, so the idle timer waits.
+      this.actor.send({ type: 'ACTIVITY_START' });
       void this.deps.backend
         .exec(this.id, { ...base, discard: true, onOutput: (s, d) => send({ t: s, d }) })
-        .then((o) => send({ t: 'exit', exitCode: o.exitCode, ...(o.signal ? { signal: o.signal } : {}), durationMs: o.durationMs, truncated: o.truncated, timedOut: o.timedOut }))
+        .then((o) => send({ t: 'exit', exitCode: o.exitCode, ...(o.signal ? { signal: o.signal } : {}), durationMs: o.durationMs, truncated: o.truncated, timedOut: o.timedOut, verdict: verdictOf(o) }))
         .catch((err: unknown) => send({ t: 'error', error: { code: 'BACKEND_FAILED', message: (err as Error).message, retryable: true } }))
-        .finally(() => this.execs.delete(execId));
+        .finally(() => {
+          this.execs.delete(execId);
+          this.lastActivity = Date.now();
+          this.actor.send({ type: 'ACTIVITY_END' });
+        });
       return STREAMED;
     }
     if (2 * r.maxOutputBytes + REPLY_OVERHEAD > this.deps.maxPayload) {
@@ -300,10 +322,17 @@ export class SandboxHost {
     }
     this.execs.set(execId, ctl);
     try {
-      return toResult(await this.deps.backend.exec(this.id, base));
+      const run = async () => toResult(await this.deps.backend.exec(this.id, base));
+      if (r.rolloutId !== undefined && r.step !== undefined) return await this.journal().exec({ rolloutId: r.rolloutId, step: r.step, sandbox: this.id }, r, run);
+      return await run();
     } finally {
       this.execs.delete(execId);
     }
+  }
+
+  private journal(): StepJournal {
+    if (!this.deps.journal) throw new ProtocolError('UNAVAILABLE', `node ${this.deps.nodeId} keeps no command log: rollout steps cannot run here`);
+    return this.deps.journal;
   }
 }
 
@@ -317,8 +346,13 @@ function whyOf(body: unknown): string | undefined {
   return typeof why === 'string' && /^[a-z_-]{1,32}$/.test(why) ? why : undefined;
 }
 
+/** The backend's verdict, or the one the outcome's flags imply for a backend that gives none. */
+function verdictOf(o: ExecOutcome): ExecVerdict {
+  return o.verdict ?? (o.timedOut ? 'TIMEOUT' : o.truncated ? 'OUTPUT_LIMIT' : 'OK');
+}
+
 function toResult(o: ExecOutcome): ExecResult {
-  const r: ExecResult = { exitCode: o.exitCode, stdout: o.stdout, stderr: o.stderr, durationMs: o.durationMs, truncated: o.truncated, timedOut: o.timedOut };
+  const r: ExecResult = { verdict: verdictOf(o), exitCode: o.exitCode, stdout: o.stdout, stderr: o.stderr, durationMs: o.durationMs, truncated: o.truncated, timedOut: o.timedOut };
   if (o.signal) r.signal = o.signal;
   return r;
 }

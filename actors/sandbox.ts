@@ -246,8 +246,8 @@ export function publicState(value: unknown): SandboxState {
 }
 
 /** Which verbs each state answers directly; anything else gets INVALID_STATE. Pure, for the binding. */
-const ALL: readonly SandboxVerb[] = ['info', 'exec', 'exec.cancel', 'files.read', 'files.write', 'files.list', 'files.remove', 'kill', 'pause', 'resume', 'hibernate', 'restore'];
-const ASLEEP: readonly SandboxVerb[] = ['info', 'kill', 'exec.cancel', 'pause', 'resume', 'hibernate', 'restore'];
+const ALL: readonly SandboxVerb[] = ['info', 'exec', 'exec.cancel', 'files.read', 'files.write', 'files.list', 'files.remove', 'kill', 'pause', 'resume', 'hibernate', 'restore', 'network.set'];
+const ASLEEP: readonly SandboxVerb[] = ['info', 'kill', 'exec.cancel', 'pause', 'resume', 'hibernate', 'restore', 'network.set'];
 const ALLOWED: Record<SandboxState, ReadonlySet<SandboxVerb>> = {
   creating: new Set(['info', 'kill']),
   running: new Set(ALL),

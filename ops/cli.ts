@@ -10,8 +10,11 @@ import { constants, hostname } from 'node:os';
 import { basename, join } from 'node:path';
 import { type ParseArgsConfig, parseArgs } from 'node:util';
 import { DEFAULT_HOME, natsUrlFile } from '../protocol/discovery.ts';
-import { type BackendKind, Backends, ErrorCodes, isToken, Limits } from '../protocol/index.ts';
+import { type BackendKind, Backends, ErrorCodes, isToken, Limits, ProtocolError } from '../protocol/index.ts';
+import { exportCommand } from '../chronus/cli.ts';
 import { ENV_DOC, sanitizeId } from '../runtime/config.ts';
+import { ImageUsageError, imageCommand } from '../runtime/images/cli.ts';
+import { fnCommand, FnUsageError } from '../runtime/fncall/cli.ts';
 import { nodeCommand } from '../runtime/launch.ts';
 import { type CreateSpec, type FileEntry, NotFoundError, Paddock, PaddockError, type Sandbox, type SandboxInfo } from '../sdk/index.ts';
 import { type NodeProcess, startNode } from './local.ts';
@@ -41,6 +44,14 @@ Drive sandboxes:
   files get <id> <path> [dest|-]   copy a file out of a sandbox (default: to stdout)
   files put <id> <src|-> <path>    copy a local file (- = stdin) into a sandbox
   files ls <id> <dir> [--json]     list a directory of a sandbox
+  chronus export <rolloutId> [file|-]
+                           write a rollout's trajectory (its command log) as JSONL, one line
+                           per step (default: to stdout)
+  image <build|push|pull|ls|rm|gc|serve|stats> ...
+                           layer images and stores ('paddock image help')
+  fn run <file> [--language L] [--time-limit MS] [--memory MiB] [--json] < input
+                           run a program once on any node (FnCall) and print its output and
+                           verdict; fn build: the images its languages need ('paddock fn help')
   help                     this text
 
 Global options:
@@ -104,6 +115,7 @@ const COMMANDS = {
   rm: {},
   info: { json: { type: 'boolean' } },
   files: { json: { type: 'boolean' } },
+  chronus: {},
   help: {},
 } satisfies Record<string, Options>;
 
@@ -664,6 +676,9 @@ Ctrl-C stops the node (killing its sandboxes)${nats ? ' and nats-server' : ''}.`
 // --- main -------------------------------------------------------------------------------------
 
 async function main(argv: string[]): Promise<number> {
+  const i = argv.findIndex((w, k) => !w.startsWith('-') && argv[k - 1] !== '--nats' && argv[k - 1] !== '--timeout');
+  if (argv[i] === 'image') return imageCli(argv.slice(0, i), argv.slice(i + 1));
+  if (argv[i] === 'fn') return fnCli(argv.slice(0, i), argv.slice(i + 1));
   const a = parse(argv);
   switch (a.cmd) {
     case 'help':
@@ -685,7 +700,53 @@ async function main(argv: string[]): Promise<number> {
       return info(a);
     case 'files':
       return files(a);
+    case 'chronus':
+      return chronus(a);
   }
+}
+
+/** `image …` (runtime/images/cli.ts does the work; it has flags of its own). */
+async function imageCli(globalArgs: string[], rest: string[]): Promise<number> {
+  const g = parseArgs({ args: globalArgs, options: GLOBAL, strict: true }).values;
+  try {
+    return await imageCommand(rest, {
+      out,
+      err: process.stderr,
+      connect: () => Paddock.connect({ servers: g.nats, timeoutMs: positiveNumber('timeout', g.timeout, true), name: 'paddock-cli' }),
+    });
+  } catch (err) {
+    if (err instanceof ImageUsageError) throw new UsageError(`image: ${err.message}`);
+    if (err instanceof ProtocolError && ErrorCodes[err.code].fault === 'user') throw new UsageError(`image: ${err.message}`);
+    throw err;
+  }
+}
+
+/** `fn …` (runtime/fncall/cli.ts does the work; it has flags of its own). */
+async function fnCli(globalArgs: string[], rest: string[]): Promise<number> {
+  const g = parseArgs({ args: globalArgs, options: GLOBAL, strict: true }).values;
+  try {
+    return await fnCommand(rest, {
+      out,
+      stdout: process.stdout,
+      stderr: process.stderr,
+      stdin: process.stdin,
+      connect: () => Paddock.connect({ servers: g.nats, timeoutMs: positiveNumber('timeout', g.timeout, true), name: 'paddock-cli' }),
+    });
+  } catch (err) {
+    if (err instanceof FnUsageError) throw new UsageError(`fn: ${err.message}`);
+    throw err;
+  }
+}
+
+/** `chronus export <rolloutId> [file|-]` (chronus/cli.ts does the work). */
+async function chronus(a: Args): Promise<number> {
+  const [verb, id, dest, ...rest] = a.positionals;
+  if (verb !== 'export' || id === undefined || rest.length > 0) throw new UsageError('usage: paddock chronus export <rolloutId> [file|-]', verb !== 'export');
+  return withClient(a, async (pdk) => {
+    const n = await exportCommand(pdk.nc, id, dest);
+    if (dest !== undefined && dest !== '-') note(`wrote ${n} steps of rollout ${id} to ${dest}`);
+    return 0;
+  });
 }
 
 // A reader that goes away early (`paddock files get … | head`) is no failure: the write that hit

@@ -13,6 +13,18 @@ if ! { [ -x /bin/busybox ] && { ldd /bin/busybox 2>&1 || true; } | grep -q 'not 
 command -v unshare >/dev/null 2>&1 || need+=(util-linux)
 command -v mount >/dev/null 2>&1 || need+=(mount)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
+# Images: lazy layers through FUSE (fusermount3 marks fuse3), object stores through rclone, the
+# python image through debootstrap, mount(2) through perl (perl-base), git for workspaces.
+command -v fusermount3 >/dev/null 2>&1 || need+=(fuse3)
+command -v rclone >/dev/null 2>&1 || need+=(rclone)
+command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
+command -v perl >/dev/null 2>&1 || need+=(perl-base)
+command -v git >/dev/null 2>&1 || need+=(git)
+# Hardened sandboxes: idmapped layer mounts (runtime/container/idmap.py), the per-node lxcfs that
+# shows each sandbox its own memory and CPUs, and nft for per-sandbox egress policies.
+command -v python3 >/dev/null 2>&1 || need+=(python3)
+command -v lxcfs >/dev/null 2>&1 || need+=(lxcfs)
+command -v nft >/dev/null 2>&1 || need+=(nftables)
 
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then

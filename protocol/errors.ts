@@ -18,14 +18,32 @@ export const ErrorCodes = {
   INVALID_STATE: { retryable: false, fault: 'user' },
   /** The operation would leave the sandbox (a path escaping its root, a device file). */
   FORBIDDEN: { retryable: false, fault: 'user' },
+  /** The sandbox's writable layer is full (files API write; also an exec verdict). */
+  DISK_LIMIT: { retryable: false, fault: 'user' },
+  /** Exec verdicts: the sandbox's memory cgroup OOM-killed, its pids cgroup refused a fork, its output cap was hit. */
+  MEMORY_LIMIT: { retryable: false, fault: 'user' },
+  PIDS_LIMIT: { retryable: false, fault: 'user' },
+  OUTPUT_LIMIT: { retryable: false, fault: 'user' },
   /** No node can admit the sandbox right now. */
   NO_CAPACITY: { retryable: true, fault: 'system' },
+  /** The node's queue is full (FnCall): retry after `detail.retryAfterMs`. */
+  BUSY: { retryable: true, fault: 'system' },
   /** No service answers the subject (no placement replica, no node). */
   UNAVAILABLE: { retryable: true, fault: 'system' },
   /** The request did not complete in time. */
   TIMEOUT: { retryable: true, fault: 'system' },
   /** The caller cancelled the request. */
   CANCELLED: { retryable: false, fault: 'user' },
+  /** The name is taken (a rollout id already in use: attach to it instead). */
+  ALREADY_EXISTS: { retryable: false, fault: 'user' },
+  /** Command log: the step is recorded with a different request (another command): the trainer diverged. */
+  REPLAY_MISMATCH: { retryable: false, fault: 'user' },
+  /** Command log: the step was in flight when its node died. It may have run; it will not run again. */
+  UNKNOWN_OUTCOME: { retryable: false, fault: 'system' },
+  /** Command log: another request holds the step right now (a racing trainer, or an earlier try still running). */
+  STEP_CONFLICT: { retryable: true, fault: 'user' },
+  /** Command log: the step skips ahead (the step before it is not recorded); steps start at 0 and go up by one. */
+  STEP_OUT_OF_ORDER: { retryable: false, fault: 'user' },
   /** The backend (crun, mount, the kernel) failed doing what was asked. */
   BACKEND_FAILED: { retryable: true, fault: 'system' },
   /** A bug: the platform hit a state it did not expect. */

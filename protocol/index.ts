@@ -2,7 +2,9 @@
 export { decode, encode } from './codec.ts';
 export { ErrorCodes, isErrorCode, ProtocolError, toWireError } from './errors.ts';
 export type { ErrorCode, WireError } from './errors.ts';
-export { Backends, GroupVerbs, IdleActions, QosClasses, SandboxStates } from './messages.ts';
+export { Backends, ExecVerdicts, FnCompareModes, FnLanguages, FnVerdicts, GroupVerbs, IdleActions, QosClasses, SandboxStates } from './messages.ts';
+export { domainAllowed, formatIPv4, isOpen, maskOf, NetworkLimits, parseIPv4, parsePolicy, validateNetworkPolicy } from './network.ts';
+export type { AllowRule, ParsedPolicy } from './network.ts';
 export type {
   BackendKind,
   CreateReply,
@@ -12,6 +14,8 @@ export type {
   ExecEvent,
   ExecRequest,
   ExecResult,
+  ExecVerdict,
+  NetworkPolicy,
   FileEntry,
   FilesListReply,
   FilesListRequest,
@@ -21,6 +25,15 @@ export type {
   FilesWriteReply,
   FilesWriteRequest,
   FileType,
+  FnCompareMode,
+  FnInvokeRequest,
+  FnInvokeResult,
+  FnLanguage,
+  FnLimits,
+  FnRunResult,
+  FnTest,
+  FnTestResult,
+  FnVerdict,
   GroupReply,
   GroupVerb,
   IdleAction,
@@ -33,7 +46,8 @@ export type {
   SandboxSpec,
   SandboxState,
 } from './messages.ts';
-export { Buckets, isSandboxVerb, isToken, NodeVerbs, PLACEMENT_QUEUE, PREFIX, parseSandboxSubject, SandboxVerbs, subjects } from './subjects.ts';
+export { Buckets, FN_QUEUE, isSandboxVerb, isToken, NodeVerbs, PLACEMENT_QUEUE, PREFIX, parseSandboxSubject, SandboxVerbs, Streams, subjects } from './subjects.ts';
 export type { NodeVerb, SandboxVerb } from './subjects.ts';
-export { Limits, optionalCount, requireRecord, validateExec, validatePath, validateSpec } from './validate.ts';
+export { Limits, optionalCount, requireRecord, validateExec, validateFnInvoke, validatePath, validateSpec, validateStep } from './validate.ts';
+export type { FnInvoke } from './validate.ts';
 export { newSandboxId } from './ids.ts';

@@ -14,12 +14,21 @@ export type SandboxState = (typeof SandboxStates)[number];
 /** What a trainer asks for. Validated by `validateSpec`; defaults filled there. */
 export interface SandboxSpec {
   backend: BackendKind;
+  /** The base image: its layers at the bottom, its init, user and environment. */
   image: string;
+  /** An image whose layers go above the base (a toolchain): rootfs = overlay(writable, workspace, toolkit, base). */
+  toolkit?: string;
+  /** An image whose layers go on top (the task's files); its cwd, if not `/`, becomes the sandbox's. */
+  workspace?: string;
   /** CPU cores (fractions allowed): a CFS quota. */
   cpu: number;
   memoryMiB: number;
   /** Maximum number of processes (fork bombs end here). */
   pidsLimit: number;
+  /** Size of the writable layer (what the sandbox may write on top of its image); absent = Limits.diskMiB.default. */
+  diskMiB?: number;
+  /** Egress allowed from the sandbox; absent = no network at all. */
+  network?: NetworkPolicy;
   /** Maximum lifetime; the sandbox is killed (reason `ttl`) when it elapses. */
   ttlSec: number;
   labels: Record<string, string>;
@@ -44,6 +53,21 @@ export const IdleActions = ['pause', 'hibernate', 'kill'] as const;
 export type IdleAction = (typeof IdleActions)[number];
 export const QosClasses = ['ls', 'be'] as const;
 export type QosClass = (typeof QosClasses)[number];
+
+/**
+ * Where a sandbox may connect. Everything not listed is refused, and so is the node itself, other
+ * sandboxes and NATS unless listed. Names in `domains` resolve through the node's DNS filter only
+ * (other names get REFUSED, so DNS cannot carry data out); each address it answers becomes reachable
+ * on `ports` for the record's TTL.
+ */
+export interface NetworkPolicy {
+  /** `CIDR` or `CIDR:port` or `CIDR:lo-hi` (IPv4), e.g. `198.18.0.0/24:443`. */
+  allow?: string[];
+  /** Exact names or `*.suffix`, e.g. `pypi.org`, `*.pythonhosted.org`. */
+  domains?: string[];
+  /** Ports reachable on addresses found through `domains` (default 80 and 443). */
+  ports?: number[];
+}
 
 /** Why a sandbox reached a final state. */
 export type EndReason = 'killed' | 'ttl' | 'idle' | 'create_failed' | 'node_restarted' | 'crashed';
@@ -93,9 +117,21 @@ export interface ExecRequest {
   stream?: boolean;
   /** Identifies a streamed exec so that `exec.cancel` can stop it. */
   execId?: string;
+  /** Command log (chronus): record this exec as step `step` of rollout `rolloutId` (both or neither; not streamed). */
+  rolloutId?: string;
+  step?: number;
 }
 
+/**
+ * How an exec ended: `OK` when it ran to its own end, else the limit that stopped it (the exit
+ * code then tells what the process saw). Counter-based verdicts (pids, memory) cover the whole
+ * sandbox during the exec, so two concurrent execs may both see one limit hit.
+ */
+export const ExecVerdicts = ['OK', 'TIMEOUT', 'OUTPUT_LIMIT', 'MEMORY_LIMIT', 'PIDS_LIMIT', 'DISK_LIMIT'] as const;
+export type ExecVerdict = (typeof ExecVerdicts)[number];
+
 export interface ExecResult {
+  verdict: ExecVerdict;
   exitCode: number;
   /** Set when a signal ended the process (its exitCode is then 128 + the signal number). */
   signal?: string;
@@ -104,13 +140,15 @@ export interface ExecResult {
   durationMs: number;
   truncated: boolean;
   timedOut: boolean;
+  /** Command log: the step was already recorded; this is its recorded result and nothing ran. */
+  replayed?: boolean;
 }
 
 /** One message of a streamed exec. `exit` is always last; `error` replaces it on failure. */
 export type ExecEvent =
   | { t: 'out'; d: Uint8Array }
   | { t: 'err'; d: Uint8Array }
-  | { t: 'exit'; exitCode: number; signal?: string; durationMs: number; truncated: boolean; timedOut: boolean }
+  | { t: 'exit'; exitCode: number; signal?: string; durationMs: number; truncated: boolean; timedOut: boolean; verdict: ExecVerdict }
   | { t: 'error'; error: WireError };
 
 export interface ExecCancelRequest {
@@ -135,9 +173,14 @@ export interface FilesWriteRequest {
   /** Write at this offset without truncating (chunked uploads); absent = replace the file. */
   offset?: number;
   mode?: number;
+  /** Command log (chronus): record this write as step `step` of rollout `rolloutId` (both or neither). */
+  rolloutId?: string;
+  step?: number;
 }
 export interface FilesWriteReply {
   size: number;
+  /** Command log: the step was already recorded; nothing was written. */
+  replayed?: boolean;
 }
 
 export interface FilesListRequest {
@@ -191,6 +234,10 @@ export interface NodeRecord {
   heartbeatMs: number;
   ts: number;
   state: 'serving' | 'draining';
+  /** The layer store this node reads from (and, when it embeds it, serves): an http:// base URL. */
+  store?: string;
+  /** FnCall on this node: the languages it has images for, and its load. */
+  fn?: { languages: FnLanguage[]; running: number; queued: number };
 }
 
 export interface Resources {
@@ -201,3 +248,84 @@ export interface Resources {
 
 /** Every reply is one of these. */
 export type Reply<T> = { ok: true; result: T } | { ok: false; error: WireError };
+
+/** FnCall (`pdk.v1.fn.invoke`): languages served from warm pools. */
+export const FnLanguages = ['python', 'c', 'cpp', 'bash'] as const;
+export type FnLanguage = (typeof FnLanguages)[number];
+
+/** How one run of a program ended, judge style. */
+export const FnVerdicts = ['OK', 'WRONG_ANSWER', 'TIME_LIMIT', 'MEMORY_LIMIT', 'OUTPUT_LIMIT', 'RUNTIME_ERROR', 'COMPILE_ERROR'] as const;
+export type FnVerdict = (typeof FnVerdicts)[number];
+
+/** Output against `expected`: byte for byte, line by line ignoring trailing blanks, or whitespace-separated tokens. */
+export const FnCompareModes = ['exact', 'lines', 'tokens'] as const;
+export type FnCompareMode = (typeof FnCompareModes)[number];
+
+export interface FnLimits {
+  /** CPU time of the program's whole process tree. */
+  timeMs: number;
+  /** Wall-clock cap (a program that sleeps or waits uses no CPU); default 2 × timeMs + 200. */
+  wallMs: number;
+  memoryMiB: number;
+  /** Cap on stdout + stderr together; past it the program is killed (OUTPUT_LIMIT). */
+  outputBytes: number;
+}
+
+export interface FnTest {
+  stdin?: Uint8Array | string;
+  /** What stdout must be (compared per `compare`); absent: only the exit status is judged. */
+  expected?: Uint8Array | string;
+}
+
+export interface FnInvokeRequest {
+  /** A language (its code is compiled if needed, then run) — or `image` + `command`. */
+  language?: FnLanguage;
+  image?: string;
+  /** With `image`: the argv to run in /work (`code`, if given, is at /box/main). */
+  command?: string[];
+  code?: Uint8Array | string;
+  /** Files put in /work (the working directory) before every run: relative path → contents. */
+  files?: Record<string, Uint8Array | string>;
+  stdin?: Uint8Array | string;
+  /** Arguments after the program. */
+  args?: string[];
+  env?: Record<string, string>;
+  limits?: Partial<FnLimits>;
+  /** Judge mode: one run per test, each with its stdin, compared with its expected output. */
+  tests?: FnTest[];
+  compare?: FnCompareMode;
+  /** Skip the tests after the first that fails (they report nothing). */
+  stopOnFailure?: boolean;
+}
+
+export interface FnRunResult {
+  verdict: FnVerdict;
+  exitCode: number;
+  /** The signal that ended the program, if one did (exitCode is then 128 + its number). */
+  signal?: string;
+  stdout: Uint8Array;
+  stderr: Uint8Array;
+  /** CPU time of the program (user + system). */
+  timeMs: number;
+  wallMs: number;
+  /** Peak resident memory of the program. */
+  memoryBytes: number;
+  /** Why a verdict other than OK and WRONG_ANSWER came about, in words. */
+  reason?: string;
+}
+
+/** One test of a judged invocation; stdout and stderr are cut to a preview (`outputCut`). */
+export interface FnTestResult extends FnRunResult {
+  outputCut?: boolean;
+}
+
+export interface FnInvokeResult extends FnRunResult {
+  /** The compiler's output (errors for COMPILE_ERROR, else its warnings, if any). */
+  compileOutput?: Uint8Array;
+  tests?: FnTestResult[];
+  /** Tests that passed, of `tests.length`. */
+  passed?: number;
+  node: string;
+  /** Time the request waited for a free pool member. */
+  queuedMs: number;
+}

@@ -7,15 +7,26 @@ export const PREFIX = 'pdk.v1';
 /** Queue group of placement replicas: any one answers a create. */
 export const PLACEMENT_QUEUE = 'pdk-placement';
 
+/** Queue group of the nodes' FnCall services: any one node answers an invocation. */
+export const FN_QUEUE = 'pdk-fn';
+
 export const Buckets = {
   /** node id → NodeRecord (heartbeat with capacity). */
   nodes: 'pdk_nodes',
   /** sandbox id → SandboxRecord (node, state, spec summary). */
   sandboxes: 'pdk_sandboxes',
+  /** rollout id → RolloutRecord (its sandbox, log retention): see chronus/. */
+  rollouts: 'pdk_rollouts',
+} as const;
+
+/** JetStream streams (file storage). */
+export const Streams = {
+  /** The command log: every step of every rollout, on `pdk.v1.chronus.<rolloutId>.<step>`. */
+  chronus: 'PDK_CHRONUS',
 } as const;
 
 /** Verbs a sandbox actor answers on `pdk.v1.sb.<id>.<verb>`. */
-export const SandboxVerbs = ['info', 'exec', 'exec.cancel', 'files.read', 'files.write', 'files.list', 'files.remove', 'kill', 'pause', 'resume', 'hibernate', 'restore'] as const;
+export const SandboxVerbs = ['info', 'exec', 'exec.cancel', 'files.read', 'files.write', 'files.list', 'files.remove', 'kill', 'pause', 'resume', 'hibernate', 'restore', 'network.set'] as const;
 export type SandboxVerb = (typeof SandboxVerbs)[number];
 
 export function isSandboxVerb(v: string): v is SandboxVerb {
@@ -34,6 +45,8 @@ export function isToken(s: unknown): s is string {
 
 export const subjects = {
   placeCreate: `${PREFIX}.place.create`,
+  /** FnCall: one-shot invocations, answered by any node (queue group FN_QUEUE). */
+  fnInvoke: `${PREFIX}.fn.invoke`,
   node: (node: string, verb: NodeVerb) => `${PREFIX}.node.${node}.${verb}`,
   sandbox: (id: string, verb: SandboxVerb) => `${PREFIX}.sb.${id}.${verb}`,
   /** Everything addressed to one sandbox; its actor subscribes here. */
@@ -44,6 +57,11 @@ export const subjects = {
   groupAll: `${PREFIX}.group.*.*`,
   /** All lifecycle events of one sandbox (or `*` for all). */
   events: (id = '*') => `${PREFIX}.evt.${id}.*`,
+  /** One step of a rollout in the command log. */
+  chronusStep: (rolloutId: string, step: number) => `${PREFIX}.chronus.${rolloutId}.${step}`,
+  /** Every step of one rollout. */
+  chronusRollout: (rolloutId: string) => `${PREFIX}.chronus.${rolloutId}.*`,
+  chronusAll: `${PREFIX}.chronus.>`,
 } as const;
 
 /** Splits `pdk.v1.sb.<id>.<verb...>` into id and verb; null for anything else. */

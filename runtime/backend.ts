@@ -3,7 +3,7 @@
  * the implementation by `spec.backend`. A new backend is a new folder under runtime/ implementing
  * this, nothing else moves.
  */
-import type { BackendKind, SandboxSpec } from '../protocol/index.ts';
+import type { BackendKind, ExecVerdict, NetworkPolicy, SandboxSpec } from '../protocol/index.ts';
 import type { RootFiles } from './files.ts';
 import type { ImageManifest } from './images/store.ts';
 
@@ -29,6 +29,8 @@ export interface ExecOutcome {
   durationMs: number;
   truncated: boolean;
   timedOut: boolean;
+  /** Which limit ended the exec, when the backend can tell (see runtime/container/verdict.ts). */
+  verdict?: ExecVerdict;
 }
 
 export interface Backend {
@@ -47,6 +49,8 @@ export interface Backend {
    */
   hibernate(id: string): Promise<{ bytes: number; swapped: boolean }>;
   restore(id: string): Promise<void>;
+  /** Changes the sandbox's egress policy while it runs (backends without networking omit it). */
+  setNetwork?(id: string, policy: NetworkPolicy): Promise<void>;
   /** Removes everything the sandbox had: processes, mounts, cgroups, state. Idempotent. */
   destroy(id: string): Promise<void>;
   /** Finds and removes the leftovers of a previous run of this node (after a crash). */

@@ -2,8 +2,9 @@
  * Node configuration: embedded defaults, overridden by environment variables. One place lists
  * every knob; the README's configuration table is generated from the same names.
  */
-import { hostname, totalmem } from 'node:os';
+import { cpus, hostname, totalmem } from 'node:os';
 import { join } from 'node:path';
+import { CHRONUS_ENV_DOC } from '../chronus/config.ts';
 import { DEFAULT_HOME } from '../protocol/discovery.ts';
 
 export interface NodeConfig {
@@ -11,6 +12,20 @@ export interface NodeConfig {
   home: string;
   /** Shared image store (layers and manifests). */
   imagesDir: string;
+  /** Layer images: where nodes read them from and how they keep them (runtime/images/). */
+  layers: {
+    /** Store to read from: `http://…` or `rclone:<remote>:<path>`; unset = serve imagesDir from this node. */
+    store?: string;
+    /** host:port the embedded store listens on. */
+    listen: string;
+    mode: 'lazy' | 'eager';
+    cacheDir: string;
+    cacheBytes: number;
+    /** One store request may take this long before a lazy read fails with EIO. */
+    timeoutMs: number;
+    /** A layer no sandbox uses stays mounted this long. */
+    idleMs: number;
+  };
   /** This node's own state: crun root, sandbox bundles, layer mounts. */
   nodeDir: string;
   nodeId: string;
@@ -25,13 +40,51 @@ export interface NodeConfig {
   pressure: { minAvailableMiB: number; psiAvg10: number; minIdleMs: number; intervalMs: number };
   /** Backend creates run at most this many at once; the rest queue. */
   createConcurrency: number;
+  /** FnCall (runtime/fncall/): warm pools and the node's invocation queue. */
+  fn: FnConfig;
   logLevel: string;
+}
+
+export interface FnConfig {
+  enabled: boolean;
+  /** Warm members per runtime: a language (counted for its image's pool) or an image. */
+  pool: Record<string, number>;
+  /** Fill the warm pools when the node starts; else when its first invocation arrives. */
+  prewarm: boolean;
+  /** Invocations waiting for a member, per node, at most; past it they are refused with BUSY. */
+  queue: number;
+  /** Members per image at most, warm ones included. */
+  maxMembers: number;
+  /** What one program may write to /work, /tmp and /dev/shm together. */
+  diskMiB: number;
+  /** Processes and threads of one program at most. */
+  pidsLimit: number;
+  /** Where the runner binary is built, once per host (root-owned: it runs in every member). */
+  runnerDir: string;
+}
+
+/** `python=2,c=1` → { python: 2, c: 1 }. */
+export function parsePool(v: string): Record<string, number> {
+  const out: Record<string, number> = {};
+  for (const part of v.split(',').map((s) => s.trim()).filter(Boolean)) {
+    const m = /^([a-z0-9][a-z0-9._-]*)=(\d+)$/.exec(part);
+    if (!m) throw new Error(`PADDOCK_FN_POOL=${v}: expected runtime=count pairs, e.g. python=2,c=1`);
+    out[m[1] as string] = Number(m[2]);
+  }
+  return out;
 }
 
 export const ENV_DOC: Record<string, string> = {
   NATS_URL: 'NATS to join; unset = start an embedded nats-server (npm start / paddock up)',
   PADDOCK_HOME: 'state directory (default /var/lib/paddock)',
   PADDOCK_IMAGES_DIR: 'image store (default $PADDOCK_HOME/images)',
+  PADDOCK_STORE_URL: 'layer store nodes read from: http://host:port or rclone:<remote>:<path> (default: serve PADDOCK_IMAGES_DIR from the node)',
+  PADDOCK_STORE_LISTEN: 'host:port of the embedded layer store (default 127.0.0.1:0, a free port; announced in the node record)',
+  PADDOCK_LAYER_MODE: 'lazy (fetch layer bytes on first read) | eager (download whole layers before mounting) (default lazy)',
+  PADDOCK_LAYER_CACHE_DIR: 'node-local layer cache (default $PADDOCK_HOME/nodes/<node>/layer-cache)',
+  PADDOCK_LAYER_CACHE_BYTES: 'layer cache budget; unused layers are evicted past it (default 10737418240)',
+  PADDOCK_STORE_TIMEOUT_MS: 'one store request times out after this; a lazy read gives EIO after 2 tries (default 5000)',
+  PADDOCK_LAYER_IDLE_MS: 'a layer no sandbox uses is unmounted after this (default 60000)',
   PADDOCK_NODE_ID: 'node id (default: the host name)',
   PADDOCK_PLACEMENT: '1 = this node also runs a placement replica (default 1)',
   PADDOCK_CPU_OVERCOMMIT: 'CPU capacity = cores × this (default 16)',
@@ -40,9 +93,21 @@ export const ENV_DOC: Record<string, string> = {
   PADDOCK_MAX_OUTPUT_BYTES: 'default cap on stdout and on stderr of one exec (default 1048576)',
   PADDOCK_CREATE_CONCURRENCY: 'backend creates at once; the rest queue (default 4)',
   PADDOCK_HEARTBEAT_MS: 'node heartbeat period in pdk_nodes (default 2000)',
+  PADDOCK_FN: '1 = serve FnCall invocations (pdk.v1.fn.invoke) on this node (default 1)',
+  PADDOCK_FN_POOL: 'warm FnCall members per runtime, language or image (default python=2,c=1, filled at the first invocation; set it to fill them at start)',
+  PADDOCK_FN_QUEUE: 'FnCall invocations waiting for a member, per node; past it: BUSY (default 64)',
+  PADDOCK_FN_MAX_MEMBERS: 'FnCall members per image at most (default: the number of cores, at least 2)',
+  PADDOCK_FN_DISK_MIB: 'what one FnCall program may write to /work, /tmp and /dev/shm (default 256)',
+  PADDOCK_FN_PIDS: 'processes and threads of one FnCall program at most (default 128)',
+  PADDOCK_FN_RUNNER_DIR: 'where the FnCall runner is compiled once per host (default /var/cache/paddock/fncall)',
   PADDOCK_PRESSURE_MIN_AVAILABLE_MIB: 'memory pressure when MemAvailable is under this (default 5% of RAM)',
   PADDOCK_PRESSURE_PSI_AVG10: 'memory pressure when PSI memory some avg10 is over this percent (default 25)',
   PADDOCK_PRESSURE_MIN_IDLE_SEC: 'under pressure, hibernate best-effort sandboxes idle at least this long (default 30)',
+  ...CHRONUS_ENV_DOC,
+  PADDOCK_DNS_UPSTREAM: 'host[:port] the DNS filter asks for allowed names (default: the first nameserver of /etc/resolv.conf)',
+  PADDOCK_PIN_CPUS: '0 turns CPU pinning off (nproc then shows the node CPUs; the CFS quota still holds)',
+  PADDOCK_LXCFS: '0 starts no lxcfs (sandboxes then see the host /proc/meminfo)',
+  PADDOCK_FILES_WRITE_MIBPS: 'files.write bandwidth per sandbox after a 16 MiB burst (default 64)',
   PADDOCK_TRACES: 'console | otlp: export OpenTelemetry spans (OTLP endpoint from OTEL_EXPORTER_OTLP_ENDPOINT)',
   PADDOCK_LOG_LEVEL: 'pino level (default info)',
 };
@@ -53,6 +118,12 @@ function numEnv(env: NodeJS.ProcessEnv, name: string, dflt: number): number {
   const n = Number(v);
   if (!Number.isFinite(n) || n <= 0) throw new Error(`${name}=${v}: must be a positive number`);
   return n;
+}
+
+function layerMode(v: string | undefined): 'lazy' | 'eager' {
+  if (v === undefined || v === '' || v === 'lazy') return 'lazy';
+  if (v === 'eager') return 'eager';
+  throw new Error(`PADDOCK_LAYER_MODE=${v}: must be lazy or eager`);
 }
 
 export function sanitizeId(s: string): string {
@@ -66,6 +137,15 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): NodeConfig {
   return {
     home,
     imagesDir: env.PADDOCK_IMAGES_DIR || join(home, 'images'),
+    layers: {
+      store: env.PADDOCK_STORE_URL || undefined,
+      listen: env.PADDOCK_STORE_LISTEN || '127.0.0.1:0',
+      mode: layerMode(env.PADDOCK_LAYER_MODE),
+      cacheDir: env.PADDOCK_LAYER_CACHE_DIR || join(home, 'nodes', nodeId, 'layer-cache'),
+      cacheBytes: numEnv(env, 'PADDOCK_LAYER_CACHE_BYTES', 10 * 1024 ** 3),
+      timeoutMs: numEnv(env, 'PADDOCK_STORE_TIMEOUT_MS', 5000),
+      idleMs: numEnv(env, 'PADDOCK_LAYER_IDLE_MS', 60_000),
+    },
     nodeDir: join(home, 'nodes', nodeId),
     nodeId,
     natsUrl: env.NATS_URL || undefined,
@@ -75,6 +155,16 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): NodeConfig {
     maxOutputBytes: numEnv(env, 'PADDOCK_MAX_OUTPUT_BYTES', 1024 * 1024),
     heartbeatMs: numEnv(env, 'PADDOCK_HEARTBEAT_MS', 2000),
     createConcurrency: numEnv(env, 'PADDOCK_CREATE_CONCURRENCY', 4),
+    fn: {
+      enabled: (env.PADDOCK_FN ?? '1') !== '0',
+      pool: parsePool(env.PADDOCK_FN_POOL || 'python=2,c=1'),
+      prewarm: (env.PADDOCK_FN_POOL ?? '') !== '',
+      queue: numEnv(env, 'PADDOCK_FN_QUEUE', 64),
+      maxMembers: numEnv(env, 'PADDOCK_FN_MAX_MEMBERS', Math.max(2, cpus().length)),
+      diskMiB: numEnv(env, 'PADDOCK_FN_DISK_MIB', 256),
+      pidsLimit: numEnv(env, 'PADDOCK_FN_PIDS', 128),
+      runnerDir: env.PADDOCK_FN_RUNNER_DIR || '/var/cache/paddock/fncall',
+    },
     pressure: {
       minAvailableMiB: numEnv(env, 'PADDOCK_PRESSURE_MIN_AVAILABLE_MIB', Math.floor(totalmem() / 1024 / 1024 / 20)),
       psiAvg10: numEnv(env, 'PADDOCK_PRESSURE_PSI_AVG10', 25),

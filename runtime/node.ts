@@ -10,6 +10,8 @@ import { type Actor, createActor } from 'xstate';
 import { serve, tracer } from '../actors/bind.ts';
 import { admissionState, nodeMachine, pickVictims, refusal, underPressure } from '../actors/node.ts';
 import { PlacementHost } from '../actors/placement-host.ts';
+import { loadChronusConfig } from '../chronus/config.ts';
+import { Journal } from '../chronus/journal.ts';
 import { SandboxHost } from '../actors/sandbox-host.ts';
 import {
   Buckets,
@@ -33,8 +35,8 @@ import {
 import type { Backend } from './backend.ts';
 import type { NodeConfig } from './config.ts';
 import { ContainerBackend } from './container/backend.ts';
-import { ensureBusyboxImage } from './images/busybox.ts';
-import { ImageStore } from './images/store.ts';
+import { FnService } from './fncall/service.ts';
+import { NodeImages } from './images/node-images.ts';
 import { Semaphore } from './limit.ts';
 import { describe, judge, readMemory } from './pressure.ts';
 
@@ -43,11 +45,13 @@ export class PaddockNode {
   private directory!: KV;
   private nodesKv!: KV;
   private backend!: ContainerBackend;
-  private images!: ImageStore;
+  private images!: NodeImages;
   private readonly supervisor: Actor<typeof nodeMachine>;
   private readonly sandboxes = new Map<string, SandboxHost>();
   private readonly subs: Subscription[] = [];
   private placement?: PlacementHost;
+  private fn?: FnService;
+  private journal?: Journal;
   private heartbeat?: NodeJS.Timeout;
   private pressureTimer?: NodeJS.Timeout;
   private reclaiming = false;
@@ -74,25 +78,36 @@ export class PaddockNode {
 
   async start(): Promise<void> {
     if (!this.cfg.natsUrl) throw new Error('the node needs NATS_URL');
-    this.nc = await connect({ servers: this.cfg.natsUrl, name: `paddock-node-${this.id}`, maxReconnectAttempts: -1 });
+    // noAsyncTraces: by default every request (each directory write is one) captures a stack trace
+    // for its possible timeout error — ~10% of the node's main thread in a group pause of 3,200.
+    this.nc = await connect({ servers: this.cfg.natsUrl, name: `paddock-node-${this.id}`, maxReconnectAttempts: -1, noAsyncTraces: true });
     const kvm = new Kvm(this.nc);
     this.directory = await kvm.create(Buckets.sandboxes, { history: 1 });
     this.nodesKv = await kvm.create(Buckets.nodes, { history: 1 });
+    this.journal = await Journal.open(this.nc, { nodeId: this.id, log: this.log.child({ part: 'chronus' }), config: loadChronusConfig(), maxPayload: this.nc.info?.max_payload ?? 1024 * 1024 });
+    this.journal.startSweeper();
 
-    this.images = new ImageStore(this.cfg.imagesDir);
-    await this.images.init();
-    await ensureBusyboxImage(this.images);
+    this.images = new NodeImages(this.cfg, this.log.child({ part: 'images' }));
+    await this.images.start();
     this.imageNames = await this.images.list();
 
-    this.backend = new ContainerBackend({ nodeDir: this.cfg.nodeDir, nodeId: this.id, images: this.images });
+    this.backend = new ContainerBackend({ nodeDir: this.cfg.nodeDir, nodeId: this.id, layers: this.images.layers });
     const leftovers = await this.backend.recover();
     if (leftovers.length > 0) this.log.warn({ sandboxes: leftovers }, 'removed leftovers of a previous run');
     await this.markOrphans();
+    if (this.cfg.fn.enabled) {
+      const fn = new FnService({ nc: this.nc, backend: this.backend, images: this.images, cfg: this.cfg.fn, nodeId: this.id, nodeDir: this.cfg.nodeDir, log: this.log.child({ part: 'fncall' }) });
+      // A node that cannot serve FnCall (no C compiler for its runner) still serves sandboxes.
+      await fn.start().then(
+        () => (this.fn = fn),
+        (err: unknown) => this.log.error({ err }, 'FnCall is not available on this node'),
+      );
+    }
 
     this.supervisor.start();
     this.subs.push(serve(this.nc, subjects.node(this.id, 'create'), { log: this.log, name: 'node.create', maxBytes: Limits.createBytesMax }, (req) => this.create(req.body)));
     this.subs.push(serve(this.nc, subjects.node(this.id, 'group'), { log: this.log, name: 'node.group' }, (req) => this.group(req.body)));
-    this.subs.push(serve(this.nc, subjects.node(this.id, 'info'), { log: this.log, name: 'node.info' }, async () => ({ ...this.record(), ids: [...this.sandboxes.keys()] })));
+    this.subs.push(serve(this.nc, subjects.node(this.id, 'info'), { log: this.log, name: 'node.info' }, async () => ({ ...this.record(), ids: [...this.sandboxes.keys()], layers: await this.images.stats(), ...(this.fn ? { fnPools: this.fn.stats() } : {}) })));
 
     await this.beat();
     this.heartbeat = setInterval(() => void this.beat(), this.cfg.heartbeatMs);
@@ -123,6 +138,8 @@ export class PaddockNode {
       node: this.id,
       backends: [this.backend.kind],
       images: this.imageNames,
+      store: this.images.storeUrl,
+      ...(this.fn ? { fn: { languages: this.fn.languages(this.imageNames), ...this.fn.load } } : {}),
       capacity: this.capacity,
       allocated: ctx.allocated,
       sandboxes: this.sandboxes.size,
@@ -151,8 +168,7 @@ export class PaddockNode {
     const b = requireRecord(body, 'create');
     const spec = validateSpec(b.spec ?? {});
     const backend = this.backendFor(spec.backend);
-    const image = await this.images.get(spec.image);
-    if (!image) throw new ProtocolError('INVALID_SPEC', `image: unknown image '${spec.image}' (known: ${this.imageNames.join(', ')})`, { detail: { field: 'image' } });
+    const image = await this.images.forSpec(spec);
     if (b.id !== undefined && !isToken(b.id)) throw new ProtocolError('INVALID_REQUEST', 'id: must be 1-64 characters of [A-Za-z0-9_-]');
     const id = (b.id as string | undefined) ?? newSandboxId();
     if (this.sandboxes.has(id)) throw new ProtocolError('INVALID_REQUEST', `sandbox ${id} already exists`);
@@ -174,6 +190,7 @@ export class PaddockNode {
         log: this.log,
         maxOutputBytes: this.cfg.maxOutputBytes,
         maxPayload: this.nc.info?.max_payload ?? 1024 * 1024,
+        journal: this.journal,
         onFinal: (h) => {
           this.sandboxes.delete(h.id);
           this.supervisor.send({ type: 'RELEASE', id: h.id });
@@ -275,8 +292,12 @@ export class PaddockNode {
     this.supervisor.send({ type: 'DRAIN' });
     for (const s of this.subs) s.unsubscribe();
     if (!opts.keepSandboxes) await Promise.allSettled([...this.sandboxes.values()].map((s) => s.kill('killed')));
+    // Steps cut short by the kills above still get their results into the log.
+    await this.journal?.close();
     await this.nodesKv?.delete(this.id).catch(() => {});
+    await this.fn?.stop().catch((err: unknown) => this.log.warn({ err }, 'FnCall stop failed'));
     await this.backend?.close();
+    await this.images?.close();
     this.supervisor.send({ type: 'STOP' });
     await this.nc?.drain().catch(() => {});
   }

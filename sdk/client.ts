@@ -5,6 +5,9 @@ import { connect, type NatsConnection } from '@nats-io/transport-node';
 import { natsUrlFile } from '../protocol/discovery.ts';
 import { Buckets, type CreateReply, decode, type GroupReply, type GroupVerb, type SandboxInfo, type SandboxSpec, type SandboxState, subjects } from '../protocol/index.ts';
 import { NotFoundError, UnavailableError } from './errors.ts';
+import { Fn } from './fn.ts';
+import { Rollouts } from './rollouts.ts';
+import { Nodes } from './nodes.ts';
 import { Sandbox } from './sandbox.ts';
 import { type CallOptions, Transport } from './transport.ts';
 
@@ -32,21 +35,30 @@ function defaultServers(): string {
   try {
     return readFileSync(natsUrlFile(), 'utf8').trim();
   } catch {
-    throw new UnavailableError('UNAVAILABLE', `no NATS_URL and no embedded Paddock found (${natsUrlFile()}): run 'npm start' or set NATS_URL`);
+    throw new UnavailableError('UNAVAILABLE', `no NATS_URL and no embedded Paddock found (${natsUrlFile()}): run 'paddock up' (npm start) or set NATS_URL`);
   }
 }
 
 export class Paddock {
   readonly sandboxes: Sandboxes;
+  /** Sandboxes driven through recorded steps: a restarted trainer replays instead of re-running. */
+  readonly rollouts: Rollouts;
   /** Verbs on every sandbox of a training job at once (created with `group`). */
   readonly groups: Groups;
+  /** Node records, and what a node reports about itself (layer cache counters included). */
+  readonly nodes: Nodes;
+  /** One-shot invocations (FnCall): `pdk.fn.invoke({ language, code, stdin, limits, tests })`. */
+  readonly fn: Fn;
 
   private constructor(
     readonly nc: NatsConnection,
     t: Transport,
   ) {
     this.sandboxes = new Sandboxes(t);
+    this.rollouts = new Rollouts(t, this.sandboxes);
     this.groups = new Groups(t);
+    this.nodes = new Nodes(t);
+    this.fn = new Fn(t);
   }
 
   static async connect(opts: ConnectOptions = {}): Promise<Paddock> {

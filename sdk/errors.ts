@@ -34,11 +34,24 @@ export class InvalidStateError extends PaddockError {
 export class ForbiddenError extends PaddockError {
   override name = 'ForbiddenError';
 }
+/** A sandbox limit refused the operation (DISK_LIMIT: its writable layer is full). */
+export class LimitError extends PaddockError {
+  override name = 'LimitError';
+}
 export class NoCapacityError extends PaddockError {
   override name = 'NoCapacityError';
 }
 export class UnavailableError extends PaddockError {
   override name = 'UnavailableError';
+}
+/** The node's FnCall queue is full: try again after `retryAfterMs`. */
+export class BusyError extends PaddockError {
+  override name = 'BusyError';
+  /** The node's estimate of when it will have room. */
+  get retryAfterMs(): number {
+    const v = this.detail?.retryAfterMs;
+    return typeof v === 'number' && v > 0 ? v : 100;
+  }
 }
 export class TimeoutError extends PaddockError {
   override name = 'TimeoutError';
@@ -49,6 +62,21 @@ export class CancelledError extends PaddockError {
 export class BackendError extends PaddockError {
   override name = 'BackendError';
 }
+export class AlreadyExistsError extends PaddockError {
+  override name = 'AlreadyExistsError';
+}
+/** The step is recorded with another request: the trainer is not replaying what it did before. */
+export class ReplayMismatchError extends PaddockError {
+  override name = 'ReplayMismatchError';
+}
+/** The step was in flight when its node died: it may or may not have run, and will not run again. */
+export class UnknownOutcomeError extends PaddockError {
+  override name = 'UnknownOutcomeError';
+}
+/** Another request holds the step (STEP_CONFLICT), or the step skips ahead (STEP_OUT_OF_ORDER). */
+export class StepError extends PaddockError {
+  override name = 'StepError';
+}
 
 const CLASSES: Record<ErrorCode, typeof PaddockError> = {
   INVALID_REQUEST: InvalidRequestError,
@@ -58,10 +86,20 @@ const CLASSES: Record<ErrorCode, typeof PaddockError> = {
   NOT_FOUND: NotFoundError,
   INVALID_STATE: InvalidStateError,
   FORBIDDEN: ForbiddenError,
+  DISK_LIMIT: LimitError,
+  MEMORY_LIMIT: LimitError,
+  PIDS_LIMIT: LimitError,
+  OUTPUT_LIMIT: LimitError,
   NO_CAPACITY: NoCapacityError,
   UNAVAILABLE: UnavailableError,
+  BUSY: BusyError,
   TIMEOUT: TimeoutError,
   CANCELLED: CancelledError,
+  ALREADY_EXISTS: AlreadyExistsError,
+  REPLAY_MISMATCH: ReplayMismatchError,
+  UNKNOWN_OUTCOME: UnknownOutcomeError,
+  STEP_CONFLICT: StepError,
+  STEP_OUT_OF_ORDER: StepError,
   BACKEND_FAILED: BackendError,
   INTERNAL: PaddockError,
 };

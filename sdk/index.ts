@@ -11,19 +11,32 @@
 export { Groups, Paddock, Sandboxes } from './client.ts';
 export type { ConnectOptions, CreateSpec, ListOptions } from './client.ts';
 export {
+  AlreadyExistsError,
   BackendError,
+  BusyError,
   CancelledError,
   ForbiddenError,
   InvalidRequestError,
   InvalidSpecError,
   InvalidStateError,
+  LimitError,
   NoCapacityError,
   NotFoundError,
   PaddockError,
+  ReplayMismatchError,
+  StepError,
   TimeoutError,
   UnavailableError,
+  UnknownOutcomeError,
 } from './errors.ts';
-export { Sandbox, SandboxFiles } from './sandbox.ts';
+export { Rollout, RolloutFiles, Rollouts } from './rollouts.ts';
+export type { AttachOptions, RolloutExecOptions, RolloutStartOptions, StepExecResult, StepWriteResult } from './rollouts.ts';
+export type { RolloutRecord } from '../chronus/record.ts';
+export { Fn } from './fn.ts';
+export type { FnInvokeOptions, FnManyOptions, FnRequest, FnResult, FnTestOutcome } from './fn.ts';
+export { Nodes } from './nodes.ts';
+export type { NodeInfo, NodeLayer, NodeLayers } from './nodes.ts';
+export { Sandbox, SandboxFiles, SandboxNetwork } from './sandbox.ts';
 export type { ExecOptions, ExecResult, ExecStreamEvent } from './sandbox.ts';
 export type { CallOptions } from './transport.ts';
-export type { ErrorCode, FileEntry, GroupReply, SandboxInfo, SandboxSpec, SandboxState } from '../protocol/index.ts';
+export type { ErrorCode, ExecVerdict, FileEntry, FnCompareMode, FnLanguage, FnLimits, FnVerdict, GroupReply, NetworkPolicy, SandboxInfo, SandboxSpec, SandboxState } from '../protocol/index.ts';

@@ -5,9 +5,11 @@ import {
   encode,
   type ExecEvent,
   type ExecResult as WireExecResult,
+  type ExecVerdict,
   type FileEntry,
   type FilesReadReply,
   type FilesWriteReply,
+  type NetworkPolicy,
   Limits,
   type Reply,
   type SandboxInfo,
@@ -24,9 +26,17 @@ export interface ExecOptions extends CallOptions {
   stdin?: string | Uint8Array;
   /** Cap on stdout and on stderr, each (default: the node's, 1 MiB). Past it the command is killed. */
   maxOutputBytes?: number;
+  /**
+   * Command log: run this as step `step` (0, 1, 2, …) of rollout `rolloutId`, at most once. A step
+   * already recorded returns its recorded result (`replayed: true`). See `pdk.rollouts`.
+   */
+  rolloutId?: string;
+  step?: number;
 }
 
 export interface ExecResult {
+  /** `OK`, or the limit that ended the command: TIMEOUT, OUTPUT_LIMIT, MEMORY_LIMIT, PIDS_LIMIT, DISK_LIMIT. */
+  verdict: ExecVerdict;
   exitCode: number;
   /** The signal that ended the command, if one did (exitCode is then 128 + its number). */
   signal?: string;
@@ -37,18 +47,21 @@ export interface ExecResult {
   truncated: boolean;
   /** The command ran past `timeoutMs` and was killed; the output is what it printed until then. */
   timedOut: boolean;
+  /** Command log: the step was recorded before; this is its recorded result and nothing ran now. */
+  replayed?: boolean;
 }
 
 export type ExecStreamEvent =
   | { type: 'stdout' | 'stderr'; data: Uint8Array; text: string }
-  | { type: 'exit'; exitCode: number; signal?: string; durationMs: number; truncated: boolean; timedOut: boolean };
+  | { type: 'exit'; exitCode: number; signal?: string; durationMs: number; truncated: boolean; timedOut: boolean; verdict: ExecVerdict };
 
 /** Past the command's own timeout, how long to wait for the node's answer. */
 const REPLY_MARGIN_MS = 10_000;
 const DEFAULT_EXEC_TIMEOUT_MS = Limits.exec.timeoutMs.default;
 const utf8 = new TextDecoder();
 
-function execBody(cmd: string | string[], opts: ExecOptions) {
+/** @internal the wire body of an exec (the command log digests the same fields). */
+export function execBody(cmd: string | string[], opts: ExecOptions) {
   return {
     cmd: typeof cmd === 'string' ? ['/bin/sh', '-c', cmd] : cmd,
     timeoutMs: opts.timeoutMs ?? DEFAULT_EXEC_TIMEOUT_MS,
@@ -56,11 +69,13 @@ function execBody(cmd: string | string[], opts: ExecOptions) {
     ...(opts.env !== undefined ? { env: opts.env } : {}),
     ...(opts.stdin !== undefined ? { stdin: typeof opts.stdin === 'string' ? new TextEncoder().encode(opts.stdin) : opts.stdin } : {}),
     ...(opts.maxOutputBytes !== undefined ? { maxOutputBytes: opts.maxOutputBytes } : {}),
+    ...(opts.rolloutId !== undefined || opts.step !== undefined ? { rolloutId: opts.rolloutId, step: opts.step } : {}),
   };
 }
 
 export class Sandbox {
   readonly files: SandboxFiles;
+  readonly network: SandboxNetwork;
 
   constructor(
     private readonly t: Transport,
@@ -69,6 +84,7 @@ export class Sandbox {
     private readonly lookup: (id: string) => Promise<SandboxInfo | null>,
   ) {
     this.files = new SandboxFiles(this);
+    this.network = new SandboxNetwork(this);
   }
 
   get id(): string {
@@ -105,6 +121,7 @@ export class Sandbox {
     const body = execBody(cmd, opts);
     const r = await this.call<WireExecResult>('exec', body, { timeoutMs: body.timeoutMs + REPLY_MARGIN_MS, signal: opts.signal });
     const out: ExecResult = {
+      verdict: r.verdict ?? 'OK',
       exitCode: r.exitCode,
       stdout: utf8.decode(r.stdout),
       stderr: utf8.decode(r.stderr),
@@ -113,6 +130,7 @@ export class Sandbox {
       timedOut: r.timedOut,
     };
     if (r.signal) out.signal = r.signal;
+    if (r.replayed) out.replayed = true;
     return out;
   }
 
@@ -218,6 +236,19 @@ export class Sandbox {
       throw err;
     }
     return this.info;
+  }
+}
+
+/** The sandbox's egress policy. */
+export class SandboxNetwork {
+  constructor(private readonly sb: Sandbox) {}
+
+  /**
+   * Replaces the egress policy while the sandbox runs: `{ allow: ['CIDR:port', …], domains: ['pypi.org', '*.example.com'], ports: [443] }`.
+   * `{}` closes everything again (e.g. after a set-up phase).
+   */
+  async set(policy: NetworkPolicy, opts?: CallOptions): Promise<NetworkPolicy> {
+    return (await this.sb.call<{ policy: NetworkPolicy }>('network.set', { policy }, opts)).policy;
   }
 }
 

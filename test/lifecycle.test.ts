@@ -1,8 +1,9 @@
-import { readFile } from 'node:fs/promises';
+import { readFile, rm } from 'node:fs/promises';
 import { connect } from '@nats-io/transport-node';
 import { decode, type SandboxInfo, subjects } from '../protocol/index.ts';
 import { run } from '../runtime/proc.ts';
 import { InvalidStateError } from '../sdk/index.ts';
+import type { ExecutionContext } from 'ava';
 import { clusterTest } from './helpers/cluster.ts';
 
 const test = clusterTest({ nodes: 2 });
@@ -26,10 +27,13 @@ test('pause freezes the processes and keeps them; resume continues where they we
   const pid = (await sb.files.readText('/tmp/pid')).trim();
   t.is((await sb.pause()).state, 'paused');
   t.is((await readFile(cgroupFile(sb.info.node, sb.id, 'freezer', 'freezer.state'), 'utf8')).trim(), 'FROZEN');
-  // Frozen: the ticker does not tick. (Read from its writable layer on the host, which does not wake it.)
-  const before = (await readFile(`${t.context.home}/nodes/${sb.info.node}/sandboxes/${sb.id}/upper/tmp/ticks`, 'utf8')).length;
+  // Frozen: the ticker does not tick. (Read from the host side, which does not wake it.)
+  // The rootfs is mounted in the node's own mount namespace: reach it through the node's /proc/<pid>/root.
+  const node = t.context.cluster.nodes.find((n) => n.id === sb.info.node)!;
+  const ticks = `/proc/${node.proc.pid}/root${t.context.home}/nodes/${sb.info.node}/sandboxes/${sb.id}/rootfs/tmp/ticks`;
+  const before = (await readFile(ticks, 'utf8')).length;
   await sleep(300);
-  const after = (await readFile(`${t.context.home}/nodes/${sb.info.node}/sandboxes/${sb.id}/upper/tmp/ticks`, 'utf8')).length;
+  const after = (await readFile(ticks, 'utf8')).length;
   t.is(after, before);
   await t.throwsAsync(sb.pause(), { instanceOf: InvalidStateError });
   t.is((await sb.resume()).state, 'running');
@@ -61,15 +65,34 @@ test('exec on a paused or hibernated sandbox wakes it; with autoResume off it is
   t.is((await strict.exec(['true'])).exitCode, 0);
 });
 
-test('hibernate gives memory back and reports it; restore finds everything in place', async (t) => {
+/**
+ * Swap for the node, as a host that hibernates sandboxes would have it: their writable layers are
+ * tmpfs and their heaps anonymous memory, and both leave RAM only through swap.
+ */
+async function withSwap(t: ExecutionContext<unknown>): Promise<void> {
+  if ((await readFile('/proc/swaps', 'utf8')).trim().split('\n').length > 1) return;
+  const file = '/var/tmp/paddock-test.swap';
+  await run('fallocate', ['-l', '512M', file]);
+  await run('chmod', ['600', file]);
+  await run('mkswap', [file]);
+  await run('swapon', [file]);
+  t.teardown(async () => {
+    await run('swapoff', [file], { allowFail: true });
+    await rm(file, { force: true });
+  });
+}
+
+test.serial('hibernate gives memory back and reports it; restore finds everything in place', async (t) => {
+  await withSwap(t);
   const sb = await t.context.pdk.sandboxes.create({ memoryMiB: 512 });
   t.teardown(() => sb.kill());
-  // 64 MiB of page cache charged to the sandbox, and a process holding state.
+  // 64 MiB in the writable layer (tmpfs: it leaves RAM only through swap), charged to the sandbox.
   await sb.exec(['sh', '-c', 'dd if=/dev/zero of=/tmp/big bs=1M count=64 2>/dev/null; sleep 1000 > /dev/null 2>&1 &']);
   const usage = Number(await readFile(cgroupFile(sb.info.node, sb.id, 'memory', 'memory.usage_in_bytes'), 'utf8'));
   t.true(usage > 60 * 1024 * 1024, `usage ${usage}`);
   const info = await sb.hibernate();
   t.is(info.state, 'hibernated');
+  t.true(info.released?.swapped);
   t.true((info.released?.bytes ?? 0) > 50 * 1024 * 1024, `released ${JSON.stringify(info.released)}`);
   const now = Number(await readFile(cgroupFile(sb.info.node, sb.id, 'memory', 'memory.usage_in_bytes'), 'utf8'));
   t.true(now < usage - 50 * 1024 * 1024);
@@ -148,4 +171,16 @@ test('QoS: best-effort processes run under SCHED_IDLE with a low CPU weight; lat
   t.true(lsPolicies.every((p) => p === 'SCHED_OTHER'), `ls: ${lsPolicies}`);
   t.is((await readFile(cgroupFile(be.info.node, be.id, 'cpu', 'cpu.shares'), 'utf8')).trim(), '2');
   t.is((await readFile(cgroupFile(ls.info.node, ls.id, 'cpu', 'cpu.shares'), 'utf8')).trim(), '2048');
+});
+
+test('a streamed exec longer than the idle timeout is activity too', async (t) => {
+  const sb = await t.context.pdk.sandboxes.create({ idleTimeoutSec: 1, idleAction: 'pause' });
+  t.teardown(() => sb.kill());
+  const seen: string[] = [];
+  for await (const ev of sb.execStream(['sh', '-c', 'echo a; sleep 1.6; echo b'])) {
+    if (ev.type !== 'exit') seen.push(ev.text.trim());
+    else t.is(ev.exitCode, 0);
+  }
+  t.deepEqual(seen, ['a', 'b']);
+  t.is((await sb.refresh()).state, 'running');
 });

@@ -59,11 +59,12 @@ test('output past the cap comes back truncated, and the command is killed', asyn
 test('a timeout kills the whole process tree and returns the partial output', async (t) => {
   const sb = await t.context.pdk.sandboxes.create({});
   t.teardown(() => sb.kill());
-  const r = await sb.exec(['sh', '-c', 'echo started; sleep 300 & sleep 301; echo never'], { timeoutMs: 500 });
+  // Long enough for `echo` to run on a loaded host; the sleeps outlast it by far.
+  const r = await sb.exec(['sh', '-c', 'echo started; sleep 300 & sleep 301; echo never'], { timeoutMs: 2000 });
   t.true(r.timedOut);
   t.is(r.stdout, 'started\n');
   t.is(r.exitCode, 137);
-  t.true(r.durationMs < 5000);
+  t.true(r.durationMs < 10_000);
   const ps = await sb.exec(['ps']);
   t.notRegex(ps.stdout, /sleep 30[01]/);
 });

@@ -17,7 +17,7 @@
  * goes to stderr; stdout carries the table and, with --json, one JSON object as its last line.
  */
 import { spawn } from 'node:child_process';
-import { mkdir, mkdtemp, readdir, readFile, rm, rmdir, writeFile } from 'node:fs/promises';
+import { chmod, mkdir, mkdtemp, readdir, readFile, rm, rmdir, writeFile } from 'node:fs/promises';
 import { cpus, tmpdir, totalmem } from 'node:os';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
@@ -288,6 +288,8 @@ function parseSamples(stdout: string): Samples {
 
 async function runFloor(o: { n: number; execs: number; image: ImageManifest; store: ImageStore }): Promise<Samples> {
   const dir = await mkdtemp(join(tmpdir(), 'paddock-bench-floor-'));
+  // The containers' root is an unprivileged uid (user namespace): crun must be able to reach the bundles.
+  await chmod(dir, 0o711);
   cleanups.push({ what: 'floor files', fn: () => rm(dir, { recursive: true, force: true }) });
   cleanups.push({
     what: 'floor cgroups',

@@ -7,26 +7,37 @@
  * Layout under the node directory:
  *   crun/                    crun's state (--root)
  *   layers/<hex>/            one read-only mount per EROFS layer in use
- *   sandboxes/<id>/          bundle: config.json, upper/, work/, rootfs/ (the overlay), crun.err
+ *   layers/<hex>.ids/        its idmapped view, owned by the sandboxes' unprivileged root
+ *   sandboxes/<id>/          bundle: config.json, disk/ (tmpfs: upper/, work/), rootfs/ (the overlay), crun.err
  */
 import { spawn } from 'node:child_process';
 import { closeSync, openSync } from 'node:fs';
 import { mkdir, readdir, readFile, rm, rmdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { ProtocolError, type SandboxSpec } from '../../protocol/index.ts';
+import { Limits, type NetworkPolicy, ProtocolError, type SandboxSpec } from '../../protocol/index.ts';
 import type { Backend, ExecOptions, ExecOutcome } from '../backend.ts';
-import { type CgroupMode, cgroupDir, detectCgroups, mounts, v1Hierarchies } from '../cgroups.ts';
+import { type CgroupMode, cgroupDir, detectCgroups, isMountPoint, v1Hierarchies } from '../cgroups.ts';
 import { RootFiles } from '../files.ts';
-import type { ImageManifest, ImageStore, LayerRef } from '../images/store.ts';
+import type { LayerManager } from '../images/layers.ts';
+import { waitExecuted } from '../images/started.ts';
+import type { ImageManifest, LayerRef } from '../images/store.ts';
 import { run } from '../proc.ts';
+import { CleanMountNs } from './clean-ns.ts';
 import { execInContainer } from './exec.ts';
+import { Egress } from '../network/egress.ts';
+import { Hardening } from './hardening.ts';
+import { judged, LimitWatch } from './verdict.ts';
 import { baseEnv, ociConfig } from './oci.ts';
 import { CgroupSleep } from './sleep.ts';
+
+/** The rlimits of the OCI config (oci.ts), for exec'd processes too. */
+const EXEC_RLIMITS = ['--nofile=1024:1024'];
 
 export interface ContainerBackendOptions {
   nodeDir: string;
   nodeId: string;
-  images: ImageStore;
+  /** Mounts layers once per node (lazily from the store, or from the node's cache). */
+  layers: LayerManager;
   crun?: string;
 }
 
@@ -38,15 +49,21 @@ export class ContainerBackend implements Backend {
   private readonly layersDir: string;
   private readonly sandboxesDir: string;
   /** Layer digest → its mount point, once mounted (a promise, so concurrent creates mount once). */
-  private readonly layerMounts = new Map<string, Promise<string>>();
+  /** Layers each sandbox holds, released when it is destroyed. */
+  private readonly layersOf = new Map<string, LayerRef[]>();
   private execSeq = 0;
   private readonly hierarchies: string[];
   /**
    * Per sandbox: its base environment (`crun exec --env` replaces the config's, so we pass it
    * whole) and whether its processes run under SCHED_IDLE (best-effort QoS).
    */
-  private readonly procs = new Map<string, { env: Record<string, string>; idle: boolean }>();
+  private readonly procs = new Map<string, { env: Record<string, string>; idle: boolean; cwd: string }>();
   private readonly sleeper: CgroupSleep;
+  /** Where `crun exec` starts: a mount namespace without the sandboxes' mounts (clean-ns.ts). */
+  private readonly execNs = new CleanMountNs();
+  /** User-namespace layers, the bounded writable layer, CPU pinning, lxcfs. */
+  private readonly hardening: Hardening;
+  private readonly egress: Egress;
 
   constructor(private readonly opts: ContainerBackendOptions) {
     this.crun = opts.crun ?? 'crun';
@@ -56,12 +73,20 @@ export class ContainerBackend implements Backend {
     this.cgroupMode = detectCgroups();
     this.hierarchies = this.cgroupMode === 'v2' ? [] : v1Hierarchies();
     this.sleeper = new CgroupSleep(this.cgroupMode);
+    this.hardening = new Hardening(opts.nodeDir);
+    this.egress = new Egress(opts.nodeId);
+    opts.layers.beforeUnmount = (m) => this.hardening.forgetLayer(m);
     if (this.cgroupMode === 'hybrid') {
       throw new Error('cgroups are hybrid: crun needs /sys/fs/cgroup/unified unmounted; start the node through node-main.ts, which does it in a private mount namespace');
     }
   }
 
   /** The cgroup of a sandbox, below one parent per node so a node's leftovers are easy to find. */
+  /** The crun binary and state root of this node's sandboxes (FnCall execs its runner with them). */
+  get crunState(): { crun: string; root: string } {
+    return { crun: this.crun, root: this.crunRoot };
+  }
+
   cgroupPath(id: string): string {
     return `/paddock/${this.opts.nodeId}/${id}`;
   }
@@ -72,45 +97,59 @@ export class ContainerBackend implements Backend {
 
   async init(): Promise<void> {
     for (const d of [this.crunRoot, this.layersDir, this.sandboxesDir]) await mkdir(d, { recursive: true });
+    this.execNs.start();
+    await this.execNs.ready();
+    await this.hardening.traversable(this.sandboxesDir);
+    if (!this.hardening.lxcfs) await this.hardening.startLxcfs();
   }
 
-  private layer(ref: LayerRef): Promise<string> {
-    let p = this.layerMounts.get(ref.digest);
-    if (!p) {
-      p = (async () => {
-        const target = join(this.layersDir, ref.digest.replace(/^sha256:/, ''));
-        await mkdir(target, { recursive: true });
-        if (!mounts().some((m) => m.target === target)) {
-          await run('mount', ['-t', 'erofs', '-o', 'ro', this.opts.images.blobPath(ref.digest), target]);
-        }
-        return target;
-      })();
-      this.layerMounts.set(ref.digest, p);
-      p.catch(() => this.layerMounts.delete(ref.digest));
-    }
-    return p;
+  private async layer(id: string, ref: LayerRef): Promise<string> {
+    const target = await this.opts.layers.acquire(ref);
+    const held = this.layersOf.get(id) ?? [];
+    held.push(ref);
+    this.layersOf.set(id, held);
+    return target;
   }
 
-  async create(id: string, spec: SandboxSpec, image: ImageManifest): Promise<void> {
+  /**
+   * `extra.oci` may amend the OCI config before crun sees it (FnCall: a read-only root, its own
+   * writable mounts, IPC sysctls); everything else about the sandbox stays as for any other.
+   */
+  async create(id: string, spec: SandboxSpec, image: ImageManifest, extra?: { oci?: (config: Record<string, unknown>) => void }): Promise<void> {
     const dir = this.dir(id);
     const rootfs = join(dir, 'rootfs');
+    const started = Date.now();
     try {
       await mkdir(dir);
-      await Promise.all(['upper', 'work', 'rootfs'].map((d) => mkdir(join(dir, d))));
-      const lowers = await Promise.all(image.layers.map((l) => this.layer(l)));
+      await mkdir(join(dir, 'rootfs'));
+      const lowers = await Promise.all(image.layers.map((l) => this.layer(id, l).then((m) => this.hardening.layer(m))));
       // overlayfs lists the top layer first; manifests list the bottom first.
-      const lowerdir = lowers.reverse().join(':');
-      await run('mount', ['-t', 'overlay', 'overlay', '-o', `lowerdir=${lowerdir},upperdir=${join(dir, 'upper')},workdir=${join(dir, 'work')}`, rootfs]);
-      const config = ociConfig({ spec, image, rootfs, cgroupsPath: this.cgroupPath(id), cgroupMode: this.cgroupMode });
+      await this.hardening.rootfs(dir, spec.diskMiB ?? Limits.diskMiB.default, lowers.reverse(), rootfs);
+      const cpus = this.hardening.pin(id, spec.cpu);
+      const config = ociConfig({ spec, image, rootfs, cgroupsPath: this.cgroupPath(id), cgroupMode: this.cgroupMode, cpus, lxcfs: this.hardening.lxcfs });
+      extra?.oci?.(config);
+      const quota = deferCpuQuota(config);
       await writeFile(join(dir, 'config.json'), JSON.stringify(config));
       const env = Object.fromEntries(baseEnv(image, spec).map((kv) => [kv.slice(0, kv.indexOf('=')), kv.slice(kv.indexOf('=') + 1)]));
-      this.procs.set(id, { env, idle: spec.qos === 'be' });
+      this.procs.set(id, { env, idle: spec.qos === 'be', cwd: spec.cwd ?? image.cwd });
       await this.crunRun(id, dir, spec.qos === 'be');
+      // Lazily loaded layers can make the init's execve slow; exec cannot join it before it ends.
+      await waitExecuted({ crun: this.crun, root: this.crunRoot, id, init: image.init });
+      if (spec.network) await this.setNetwork(id, spec.network);
+      if (quota) await this.setCpuQuota(id, quota);
     } catch (e) {
       await this.destroy(id).catch(() => {});
-      if (e instanceof ProtocolError) throw e;
-      throw new ProtocolError('BACKEND_FAILED', `create ${id}: ${(e as Error).message}`, { cause: e });
+      // A layer the store could not deliver explains an init that failed to start.
+      const store = this.opts.layers.explain(image.layers, started);
+      if (e instanceof ProtocolError && !store) throw e;
+      throw new ProtocolError(e instanceof ProtocolError ? e.code : 'BACKEND_FAILED', `create ${id}: ${(e as Error).message}${store ? ` (layer store: ${store})` : ''}`, { cause: e });
     }
+  }
+
+  private async setCpuQuota(id: string, q: CpuQuota): Promise<void> {
+    const path = this.cgroupPath(id);
+    if (this.cgroupMode === 'v2') await writeFile(join(cgroupDir(this.cgroupMode, path, ''), 'cpu.max'), `${q.quota} ${q.period}`);
+    else await writeFile(join(cgroupDir(this.cgroupMode, path, 'cpu'), 'cpu.cfs_quota_us'), String(q.quota));
   }
 
   /** A crun command line, under SCHED_IDLE for best-effort sandboxes (children inherit the policy). */
@@ -143,8 +182,12 @@ export class ContainerBackend implements Backend {
     const pidFile = join(this.dir(id), `exec-${++this.execSeq}.pid`);
     const p = this.procs.get(id);
     const env = { ...p?.env, ...opts.env };
-    const [crun, prefix] = this.crunCmd([], p?.idle ?? false);
-    return execInContainer({ crun, prefix, root: this.crunRoot, id, pidFile }, { ...opts, env });
+    const [crunBin, crunPrefix] = this.crunCmd([], p?.idle ?? false);
+    // `crun exec` gives the process the node's own rlimits, not the config's: set them here.
+    const crun = 'prlimit';
+    const prefix = [...EXEC_RLIMITS, '--', ...this.execNs.prefix(), crunBin, ...crunPrefix];
+    const watch = new LimitWatch(this.cgroupMode, this.cgroupPath(id));
+    return judged(watch, this.hardening.diskOf(this.dir(id)), opts.signal, (signal) => execInContainer({ crun, prefix, root: this.crunRoot, id, pidFile }, { ...opts, cwd: opts.cwd ?? p?.cwd, env, signal }));
   }
 
   pause(id: string): Promise<void> {
@@ -181,13 +224,24 @@ export class ContainerBackend implements Backend {
     }
   }
 
+  /** Applies an egress policy (runtime/network/egress.ts); the first that opens anything gives the sandbox a link. */
+  async setNetwork(id: string, policy: NetworkPolicy): Promise<void> {
+    const state = await run(this.crun, ['--root', this.crunRoot, 'state', id]);
+    const pid = (JSON.parse(state.stdout) as { pid?: number }).pid;
+    if (!pid) throw new ProtocolError('INVALID_STATE', `sandbox ${id} has no running init`);
+    await this.egress.set(id, pid, policy, async (text) => {
+      await this.files(id).write('/etc/resolv.conf', Buffer.from(text));
+    });
+  }
+
   files(id: string): RootFiles {
-    return new RootFiles(join(this.dir(id), 'rootfs'));
+    return new RootFiles(join(this.dir(id), 'rootfs'), { uid: this.hardening.ids.hostId, gid: this.hardening.ids.hostId });
   }
 
   async destroy(id: string): Promise<void> {
     const dir = this.dir(id);
     this.procs.delete(id);
+    await this.egress.remove(id);
     // Frozen processes cannot die: thaw first, or `delete --force` waits on them.
     await this.sleeper.thaw(this.cgroupPath(id)).catch(() => {});
     // `delete --force` kills every process of the container and removes its cgroup.
@@ -197,10 +251,14 @@ export class ContainerBackend implements Backend {
     }
     await this.removeCgroup(this.cgroupPath(id));
     const rootfs = join(dir, 'rootfs');
-    if (mounts().some((m) => m.target === rootfs)) {
+    if (await isMountPoint(rootfs)) {
       const u = await run('umount', [rootfs], { allowFail: true });
       if (u.code !== 0) await run('umount', ['-l', rootfs]);
     }
+    await this.hardening.removeWritable(dir);
+    this.hardening.unpin(id);
+    for (const ref of this.layersOf.get(id) ?? []) this.opts.layers.release(ref);
+    this.layersOf.delete(id);
     await rm(dir, { recursive: true, force: true });
   }
 
@@ -211,10 +269,16 @@ export class ContainerBackend implements Backend {
       const d = cgroupDir(this.cgroupMode, path, c);
       await rmdir(d).catch(() => {});
     }
+    // On a hybrid host crun still enters each container into the `0::` hierarchy, which inside the
+    // node's namespace is a private tmpfs (launch.ts): a directory and a 4 KiB cgroup.procs file per
+    // sandbox that crun never removes. Left there, ~4,000 creates fill the 16 MiB tmpfs and every
+    // create after fails with ENOSPC. (v1 here means no cgroup2 at `unified`: never a real cgroup.)
+    if (this.cgroupMode === 'v1') await rm(join('/sys/fs/cgroup/unified', path), { recursive: true, force: true });
   }
 
   async recover(): Promise<string[]> {
     await this.init();
+    await this.egress.recover();
     const ids = new Set<string>(await readdir(this.sandboxesDir).catch(() => [] as string[]));
     const listed = await run(this.crun, ['--root', this.crunRoot, 'list', '--quiet'], { allowFail: true });
     for (const line of listed.stdout.split('\n')) if (line.trim()) ids.add(line.trim());
@@ -252,12 +316,33 @@ export class ContainerBackend implements Backend {
   }
 
   async close(): Promise<void> {
-    for (const [digest, p] of this.layerMounts) {
-      const target = await p.catch(() => null);
-      if (target) await run('umount', [target], { allowFail: true });
-      this.layerMounts.delete(digest);
-    }
+    this.execNs.stop();
+    await this.egress.close();
+    await this.hardening.close();
+    // The layers themselves are unmounted by their LayerManager, which the node closes after this.
     await this.removeCgroup(`/paddock/${this.opts.nodeId}`);
     await this.removeCgroup('/paddock');
   }
+}
+
+interface CpuQuota {
+  quota: number;
+  period: number;
+}
+
+/**
+ * Takes the CPU quota out of an OCI config, to be written once the container runs. crun's own setup
+ * of the container (namespaces, the copy of the node's mount table, pivot_root, seccomp, the exec of
+ * init) runs inside the sandbox's cgroup and costs a few ms of CPU, more as the node's mount table
+ * grows; under a small quota (cpu 0.01 = 1 ms per 100 ms period) the kernel throttles it over many
+ * periods — measured here: every period of a starting 0.01-CPU container throttled, `crun run`
+ * 375 ms instead of ~20 ms, and worse with every sandbox on the node. No code of the sandbox's user
+ * runs before create returns, and by then the quota is in place.
+ */
+function deferCpuQuota(config: Record<string, unknown>): CpuQuota | undefined {
+  const cpu = (config.linux as { resources?: { cpu?: { quota?: number; period?: number } } } | undefined)?.resources?.cpu;
+  if (cpu?.quota === undefined || cpu.period === undefined) return undefined;
+  const q = { quota: cpu.quota, period: cpu.period };
+  delete cpu.quota;
+  return q;
 }

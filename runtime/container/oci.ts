@@ -5,6 +5,7 @@
 import type { SandboxSpec } from '../../protocol/index.ts';
 import type { CgroupMode } from '../cgroups.ts';
 import type { ImageManifest } from '../images/store.ts';
+import { seccompProfile } from './seccomp.ts';
 
 export interface OciInput {
   spec: SandboxSpec;
@@ -12,7 +13,30 @@ export interface OciInput {
   rootfs: string;
   cgroupsPath: string;
   cgroupMode: CgroupMode;
+  /** Host ids that the sandbox's 0…size-1 map to (default: the shared SANDBOX_IDS range). */
+  ids?: IdRange;
+  /** CPUs to pin to (`nproc` inside then tells the truth), e.g. "1" or "0-3". */
+  cpus?: string;
+  /** lxcfs's mount point: its /proc files replace the host's, so meminfo shows the sandbox's limit. */
+  lxcfs?: string;
 }
+
+export interface IdRange {
+  hostId: number;
+  size: number;
+}
+
+/**
+ * Root in a sandbox is this unprivileged host uid (and gid), with 65536 ids above it. One range is
+ * shared by all sandboxes, so that one idmapped mount of each read-only layer serves every sandbox
+ * of a node (per-sandbox ranges would cost an idmapped mount per layer per create). Sandboxes still
+ * cannot touch each other: separate mount, pid and network namespaces. Far above the ranges
+ * useradd hands out in /etc/subuid.
+ */
+export const SANDBOX_IDS: IdRange = { hostId: 1_000_000_000, size: 65536 };
+
+/** /proc files lxcfs virtualizes from the reader's cgroup. */
+export const LXCFS_PROC_FILES = ['cpuinfo', 'diskstats', 'loadavg', 'meminfo', 'stat', 'swaps', 'uptime'];
 
 const CAPS = ['CAP_AUDIT_WRITE', 'CAP_KILL', 'CAP_NET_BIND_SERVICE', 'CAP_CHOWN', 'CAP_DAC_OVERRIDE', 'CAP_FOWNER', 'CAP_FSETID', 'CAP_SETGID', 'CAP_SETUID', 'CAP_SETPCAP'];
 
@@ -31,6 +55,10 @@ export const MASKED_PATHS = [
   '/proc/kpagecgroup',
   '/proc/kpageflags',
   '/proc/kpagecount',
+  '/proc/kallsyms',
+  '/proc/kmsg',
+  '/proc/sysrq-trigger',
+  '/proc/config.gz',
   '/sys/firmware',
   '/sys/devices/virtual/powercap',
 ];
@@ -47,10 +75,12 @@ export function baseEnv(image: ImageManifest, spec: SandboxSpec): string[] {
   return [...env].map(([k, v]) => `${k}=${v}`);
 }
 
-export function ociConfig({ spec, image, rootfs, cgroupsPath, cgroupMode }: OciInput): Record<string, unknown> {
+export function ociConfig({ spec, image, rootfs, cgroupsPath, cgroupMode, ids = SANDBOX_IDS, cpus, lxcfs }: OciInput): Record<string, unknown> {
   const memory = spec.memoryMiB * 1024 * 1024;
   const period = 100_000;
-  const namespaces = [{ type: 'pid' }, { type: 'network' }, { type: 'ipc' }, { type: 'uts' }, { type: 'mount' }];
+  const namespaces = [{ type: 'user' }, { type: 'pid' }, { type: 'network' }, { type: 'ipc' }, { type: 'uts' }, { type: 'mount' }];
+  const idMap = [{ containerID: 0, hostID: ids.hostId, size: ids.size }];
+  const lxcfsMounts = lxcfs ? LXCFS_PROC_FILES.map((f) => ({ destination: `/proc/${f}`, type: 'bind', source: `${lxcfs}/proc/${f}`, options: ['rbind', 'ro', 'nosuid', 'nodev', 'noexec'] })) : [];
   if (cgroupMode === 'v2') namespaces.push({ type: 'cgroup' });
   return {
     ociVersion: '1.0.2',
@@ -74,16 +104,20 @@ export function ociConfig({ spec, image, rootfs, cgroupsPath, cgroupMode }: OciI
       { destination: '/dev/shm', type: 'tmpfs', source: 'shm', options: ['nosuid', 'noexec', 'nodev', 'mode=1777', 'size=65536k'] },
       { destination: '/dev/mqueue', type: 'mqueue', source: 'mqueue', options: ['nosuid', 'noexec', 'nodev'] },
       { destination: '/sys', type: 'sysfs', source: 'sysfs', options: ['nosuid', 'noexec', 'nodev', 'ro'] },
+      ...lxcfsMounts,
     ],
     linux: {
       cgroupsPath,
       namespaces,
+      uidMappings: idMap,
+      gidMappings: idMap,
+      seccomp: seccompProfile(),
       resources: {
         devices: [{ allow: false, access: 'rwm' }],
         memory: { limit: memory, swap: memory },
         // Best-effort sandboxes get the smallest weight the kernel takes: they run on what
         // latency-sensitive ones leave (their processes also run under SCHED_IDLE).
-        cpu: { quota: Math.max(1000, Math.round(spec.cpu * period)), period, shares: spec.qos === 'be' ? 2 : Math.max(1024, Math.round(spec.cpu * 1024)) },
+        cpu: { quota: Math.max(1000, Math.round(spec.cpu * period)), period, shares: spec.qos === 'be' ? 2 : Math.max(1024, Math.round(spec.cpu * 1024)), ...(cpus ? { cpus } : {}) },
         pids: { limit: spec.pidsLimit },
       },
       maskedPaths: MASKED_PATHS,

@@ -10,13 +10,24 @@ import type { ImageManifest, ImageStore } from './store.ts';
 
 export const BUSYBOX_IMAGE = 'busybox';
 
+/**
+ * PID 1 of a sandbox. It must reap: processes orphaned by an exec (`cmd &`, a killed tree) are
+ * re-parented to it, and `sleep` would leave them zombies. The shell's `wait` reaps every child,
+ * adopted ones included.
+ */
+export const BUSYBOX_INIT = ['/bin/sh', '-c', 'while :; do sleep 2147483647 & wait; done'];
+
 function findBusybox(): string {
   return process.env.PADDOCK_BUSYBOX || '/bin/busybox';
 }
 
 export async function ensureBusyboxImage(store: ImageStore): Promise<ImageManifest> {
   const existing = await store.get(BUSYBOX_IMAGE);
-  if (existing) return existing;
+  if (existing) {
+    // Stores written by an older Paddock: chunk indexes (lazy loading needs them) and the reaping init.
+    const current = existing.layers.every((l) => l.index) && JSON.stringify(existing.init) === JSON.stringify(BUSYBOX_INIT);
+    return current ? existing : store.putManifest({ ...existing, init: BUSYBOX_INIT });
+  }
   const dir = await mkdtemp(join(tmpdir(), 'paddock-busybox-'));
   try {
     const bb = findBusybox();
@@ -40,10 +51,9 @@ export async function ensureBusyboxImage(store: ImageStore): Promise<ImageManife
       env: ['PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin', 'HOME=/root'],
       cwd: '/',
       user: { uid: 0, gid: 0 },
-      init: ['/bin/sleep', 'infinity'],
+      init: BUSYBOX_INIT,
     };
-    await store.putManifest(manifest);
-    return manifest;
+    return await store.putManifest(manifest);
   } finally {
     await rm(dir, { recursive: true, force: true });
   }

@@ -1,0 +1,220 @@
+/**
+ * The host-side parts of a hardened sandbox that the OCI config cannot express by itself:
+ * - read-only layers seen through an idmapped mount, so the sandbox's unprivileged root (the
+ *   SANDBOX_IDS range) owns what the image's root owned;
+ * - a size-bounded writable layer;
+ * - CPU pinning, so `nproc` inside counts the CPUs the sandbox may use;
+ * - one lxcfs per node, whose /proc files show each reader its own cgroup's memory and CPUs.
+ *
+ * The writable layer is a tmpfs with `size=`: measured here, neither XFS nor ext4 project quotas
+ * are built into this kernel (CONFIG_XFS_QUOTA off, no QFMT_V2), and a loop-mounted ext4 image per
+ * sandbox costs ~20 ms of mkfs plus a loop device at every create. A tmpfs mount costs well under a
+ * millisecond and its bound is exact; the price is that its pages are memory (charged to the memory
+ * cgroup of the process that writes them, so a disk filler inside a sandbox also counts against
+ * its memoryMiB, and the files API's writes against the node's) and that they need swap to leave
+ * RAM while a sandbox hibernates. On a host with XFS project quotas, a shared XFS directory per
+ * sandbox would be the cheaper-in-RAM choice.
+ */
+import { spawn } from 'node:child_process';
+import { readFileSync } from 'node:fs';
+import { chmod, mkdir, readFile, rm, stat } from 'node:fs/promises';
+import { cpus as hostCpus } from 'node:os';
+import { dirname, join, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { isMountPoint, mounts } from '../cgroups.ts';
+import { run } from '../proc.ts';
+import { type IdRange, SANDBOX_IDS } from './oci.ts';
+
+const IDMAP_HELPER = fileURLToPath(new URL('./idmap.py', import.meta.url));
+
+export class Hardening {
+  readonly ids: IdRange = SANDBOX_IDS;
+  private readonly idmapped = new Map<string, Promise<string>>();
+  /** Sandboxes pinned to each CPU, to place the next one on the least busy. */
+  private readonly pinned: number[];
+  private readonly pins = new Map<string, number[]>();
+  private lxcfsDir?: string;
+  private lxcfsProc?: ReturnType<typeof spawn>;
+
+  constructor(private readonly nodeDir: string) {
+    this.pinned = new Array(Math.max(1, onlineCpus().length)).fill(0);
+  }
+
+  /**
+   * crun resolves the bundle's rootfs as the sandbox's root, an unprivileged uid: every directory
+   * above it must be searchable by others (only `x`: nothing becomes listable or readable).
+   */
+  async traversable(dir: string): Promise<void> {
+    for (let d = resolve(dir); ; d = dirname(d)) {
+      const st = await stat(d);
+      if ((st.mode & 0o001) === 0) await chmod(d, (st.mode & 0o7777) | 0o001);
+      if (d === dirname(d)) break;
+    }
+  }
+
+  /** An idmapped view of a mounted read-only layer, made once per node and shared by all sandboxes. */
+  layer(mounted: string): Promise<string> {
+    let p = this.idmapped.get(mounted);
+    if (!p) {
+      p = (async () => {
+        const target = `${mounted}.ids`;
+        await mkdir(target, { recursive: true });
+        if (!mounts().some((m) => m.target === target)) {
+          await run('python3', [IDMAP_HELPER, String(this.ids.hostId), String(this.ids.size), mounted, target]);
+        }
+        return target;
+      })();
+      this.idmapped.set(mounted, p);
+      p.catch(() => this.idmapped.delete(mounted));
+    }
+    return p;
+  }
+
+  /** Removes the idmapped view of a layer that is about to be unmounted (the node's layer cache wants its room). */
+  async forgetLayer(mounted: string): Promise<void> {
+    const p = this.idmapped.get(mounted);
+    this.idmapped.delete(mounted);
+    const target = await p?.catch(() => null);
+    if (target) await run('umount', ['-l', target], { allowFail: true });
+  }
+
+  /**
+   * Mounts the writable layer (a tmpfs of `diskMiB` at `<dir>/disk`, holding overlay's upper and
+   * work dirs) and the overlay of `lowers` (top first) on it at `rootfs`. One small shell does both
+   * mounts: every process the node itself spawns costs a fork of the whole node.
+   */
+  async rootfs(dir: string, diskMiB: number, lowers: string[], rootfs: string): Promise<void> {
+    const disk = join(dir, 'disk');
+    await mkdir(disk);
+    // Inodes are memory too: bound them with the size, generously (many small files are normal).
+    const inodes = Math.max(16384, diskMiB * 256);
+    const id = this.ids.hostId;
+    const upper = join(disk, 'upper');
+    const work = join(disk, 'work');
+    // The upper root is the sandbox's `/`: owned by its root.
+    const script = 'mount -t tmpfs -o "$2" paddock-disk "$1" && mkdir "$1/upper" "$1/work" && chown "$3:$3" "$1/upper" && mount -t overlay overlay -o "$4" "$5"';
+    const opts = `size=${diskMiB}m,nr_inodes=${inodes},mode=0700,nosuid,nodev`;
+    await run('sh', ['-c', script, 'sh', disk, opts, String(id), `lowerdir=${lowers.join(':')},upperdir=${upper},workdir=${work}`, rootfs]);
+  }
+
+  /** The writable layer's mount point, for its free space (the DISK_LIMIT verdict). */
+  diskOf(dir: string): string {
+    return join(dir, 'disk');
+  }
+
+  async removeWritable(dir: string): Promise<void> {
+    const disk = join(dir, 'disk');
+    if (await isMountPoint(disk)) {
+      const u = await run('umount', [disk], { allowFail: true });
+      if (u.code !== 0) await run('umount', ['-l', disk]);
+    }
+  }
+
+  /** CPUs for a sandbox of `cpu` cores: ceil(cpu) of them, the least used first. */
+  pin(id: string, cpu: number): string | undefined {
+    // PADDOCK_PIN_CPUS=0: no pinning (nproc then shows the node's CPUs; the CFS quota still holds).
+    if (process.env.PADDOCK_PIN_CPUS === '0') return undefined;
+    const online = onlineCpus();
+    if (online.length === 0) return undefined;
+    const n = Math.min(online.length, Math.max(1, Math.ceil(cpu - 1e-9)));
+    const order = online.map((c, i) => ({ c, i })).sort((a, b) => (this.pinned[a.i] ?? 0) - (this.pinned[b.i] ?? 0) || a.i - b.i);
+    const chosen = order.slice(0, n);
+    for (const { i } of chosen) this.pinned[i] = (this.pinned[i] ?? 0) + 1;
+    this.pins.set(
+      id,
+      chosen.map(({ i }) => i),
+    );
+    return chosen
+      .map(({ c }) => c)
+      .sort((a, b) => a - b)
+      .join(',');
+  }
+
+  unpin(id: string): void {
+    for (const i of this.pins.get(id) ?? []) this.pinned[i] = Math.max(0, (this.pinned[i] ?? 1) - 1);
+    this.pins.delete(id);
+  }
+
+  /**
+   * Starts lxcfs for this node (inside the node's mount namespace, so the FUSE mount is the
+   * node's alone); returns its mount point, or undefined when lxcfs is not installed or fails —
+   * sandboxes then see the host's /proc/meminfo, which is a degradation, not an error.
+   */
+  async startLxcfs(): Promise<string | undefined> {
+    if (process.env.PADDOCK_LXCFS === '0') return undefined;
+    const dir = join(this.nodeDir, 'lxcfs');
+    const pidFile = join(this.nodeDir, 'lxcfs.pid');
+    await stopStale(pidFile);
+    await mkdir(dir, { recursive: true });
+    // Dies with the node even when the node is SIGKILLed: an orphaned lxcfs would keep the node's
+    // private mount namespace alive.
+    const proc = spawn('setpriv', ['--pdeathsig', 'KILL', '--', 'lxcfs', '--foreground', '--pidfile', pidFile, dir], { stdio: 'ignore' });
+    const ok = await new Promise<boolean>((resolve) => {
+      proc.on('error', () => resolve(false));
+      proc.on('exit', () => resolve(false));
+      const started = Date.now();
+      const poll = async () => {
+        if (await readFile(join(dir, 'proc', 'meminfo'), 'utf8').then(Boolean, () => false)) return resolve(true);
+        if (Date.now() - started > 5000) return resolve(false);
+        setTimeout(() => void poll(), 20);
+      };
+      void poll();
+    });
+    if (!ok) {
+      proc.kill('SIGKILL');
+      return undefined;
+    }
+    this.lxcfsProc = proc;
+    this.lxcfsDir = dir;
+    return dir;
+  }
+
+  get lxcfs(): string | undefined {
+    return this.lxcfsDir;
+  }
+
+  async close(): Promise<void> {
+    for (const [src, p] of this.idmapped) {
+      const target = await p.catch(() => null);
+      if (target) await run('umount', [target], { allowFail: true });
+      this.idmapped.delete(src);
+    }
+    if (this.lxcfsDir) {
+      await run('umount', ['-l', this.lxcfsDir], { allowFail: true });
+      this.lxcfsProc?.kill('SIGTERM');
+      this.lxcfsDir = undefined;
+    }
+  }
+}
+
+async function stopStale(pidFile: string): Promise<void> {
+  const pid = Number.parseInt(await readFile(pidFile, 'utf8').catch(() => ''), 10);
+  if (pid > 1) {
+    const comm = await readFile(`/proc/${pid}/comm`, 'utf8').catch(() => '');
+    if (comm.trim() === 'lxcfs') {
+      try {
+        process.kill(pid, 'SIGKILL');
+      } catch {
+        // gone
+      }
+    }
+  }
+  await rm(pidFile, { force: true });
+}
+
+/** CPUs this process may run on (the node's own cpuset, not every CPU of the host). */
+function onlineCpus(): number[] {
+  const m = /Cpus_allowed_list:\s*(\S+)/.exec(readFileSync('/proc/self/status', 'utf8'));
+  const list = m?.[1] ? parseList(m[1]) : [];
+  return list.length > 0 ? list : hostCpus().map((_, i) => i);
+}
+
+export function parseList(list: string): number[] {
+  const out: number[] = [];
+  for (const part of list.split(',')) {
+    const [a, b] = part.split('-').map((x) => Number.parseInt(x, 10));
+    if (a === undefined || Number.isNaN(a)) continue;
+    for (let c = a; c <= (b ?? a); c++) out.push(c);
+  }
+  return out;
+}

@@ -1,0 +1,94 @@
+/**
+ * Verdicts of an exec: which of the sandbox's limits ended it. The kernel counts every time a limit
+ * bites (pids.events `max`, the memory cgroup's `oom_kill`), so the exec reads the counters before
+ * and after and compares; the writable layer is full when its tmpfs has no block left.
+ *
+ * The counters are the sandbox's, not the exec's: an exec running beside another one that hits a
+ * limit sees it too. Precedence when several apply: MEMORY_LIMIT, PIDS_LIMIT, DISK_LIMIT (they say
+ * why), then TIMEOUT and OUTPUT_LIMIT (what Paddock did about it).
+ */
+import { readFile, statfs } from 'node:fs/promises';
+import type { ExecVerdict } from '../../protocol/index.ts';
+import type { ExecOutcome } from '../backend.ts';
+import { type CgroupMode, cgroupDir } from '../cgroups.ts';
+
+export interface LimitCounters {
+  pidsMax: number;
+  oomKills: number;
+}
+
+/** `key value` lines (pids.events, memory.events, memory.oom_control) → the value of `key`. */
+export function counter(text: string, key: string): number {
+  const m = new RegExp(`^${key}\\s+(\\d+)`, 'm').exec(text);
+  return m ? Number(m[1]) : 0;
+}
+
+export class LimitWatch {
+  constructor(
+    private readonly mode: CgroupMode,
+    private readonly cgroupPath: string,
+  ) {}
+
+  private file(ctrl: string, name: string): Promise<string> {
+    return readFile(`${cgroupDir(this.mode, this.cgroupPath, ctrl)}/${name}`, 'utf8').catch(() => '');
+  }
+
+  async read(): Promise<LimitCounters> {
+    const [pids, mem] = await Promise.all([this.file('pids', 'pids.events'), this.mode === 'v2' ? this.file('', 'memory.events') : this.file('memory', 'memory.oom_control')]);
+    return { pidsMax: counter(pids, 'max'), oomKills: counter(mem, 'oom_kill') };
+  }
+}
+
+/** Whether the filesystem holding `path` has no room left (less than one 4 KiB page). */
+export async function diskFull(path: string): Promise<boolean> {
+  const s = await statfs(path).catch(() => null);
+  return s !== null && s.bavail * s.bsize < 4096;
+}
+
+export function verdictOf(o: Pick<ExecOutcome, 'exitCode' | 'timedOut' | 'truncated'>, before: LimitCounters, after: LimitCounters, full: boolean): ExecVerdict {
+  if (after.oomKills > before.oomKills) return 'MEMORY_LIMIT';
+  if (after.pidsMax > before.pidsMax) return 'PIDS_LIMIT';
+  // A full layer matters only to a command that failed: a later `ls` on a full disk is OK.
+  if (full && o.exitCode !== 0) return 'DISK_LIMIT';
+  if (o.timedOut) return 'TIMEOUT';
+  if (o.truncated) return 'OUTPUT_LIMIT';
+  return 'OK';
+}
+
+/** How often a running exec checks whether the pids limit bit. */
+const PIDS_POLL_MS = 200;
+
+/**
+ * Runs one exec between two counter readings and gives its outcome a verdict. Hitting the pids
+ * limit also ends the exec at once: a fork bomb never ends by itself and would burn its CPU
+ * share until the timeout.
+ */
+export async function judged(watch: LimitWatch, disk: string, outer: AbortSignal | undefined, run: (signal: AbortSignal) => Promise<ExecOutcome>): Promise<ExecOutcome> {
+  const before = await watch.read();
+  const ctl = new AbortController();
+  const onOuter = () => ctl.abort();
+  if (outer?.aborted) ctl.abort();
+  else outer?.addEventListener('abort', onOuter, { once: true });
+  let polling = false;
+  const poll = setInterval(() => {
+    if (polling) return;
+    polling = true;
+    void watch
+      .read()
+      .then((now) => {
+        if (now.pidsMax > before.pidsMax) ctl.abort();
+      })
+      .finally(() => {
+        polling = false;
+      });
+  }, PIDS_POLL_MS);
+  try {
+    const o = await run(ctl.signal);
+    const after = await watch.read();
+    o.verdict = verdictOf(o, before, after, o.exitCode !== 0 && (await diskFull(disk)));
+    return o;
+  } finally {
+    clearInterval(poll);
+    outer?.removeEventListener('abort', onOuter);
+  }
+}

@@ -1,0 +1,187 @@
+/**
+ * The FnCall backend of a node: answers `pdk.v1.fn.invoke` in the FN_QUEUE queue group (so any
+ * node takes any invocation), runs each in a fresh process tree of a warm pool member, compiles
+ * when the language needs it, judges tests, and gives the member back to be made fresh again.
+ */
+import { mkdir, readdir, rm } from 'node:fs/promises';
+import { join } from 'node:path';
+import type { NatsConnection, Subscription } from '@nats-io/transport-node';
+import type { Logger } from 'pino';
+import { serve } from '../../actors/bind.ts';
+import { FN_QUEUE, type FnInvoke, type FnInvokeResult, type FnLanguage, FnLanguages, type FnRunResult, Limits, ProtocolError, subjects, validateFnInvoke, validateSpec } from '../../protocol/index.ts';
+import { mounts } from '../cgroups.ts';
+import type { FnConfig } from '../config.ts';
+import type { ContainerBackend } from '../container/backend.ts';
+import type { NodeImages } from '../images/node-images.ts';
+import { run } from '../proc.ts';
+import { aggregate, judgeRun, previewOf } from './judge.ts';
+import { LANGUAGES, type Language, WORK } from './languages.ts';
+import type { Member, RunLimits } from './member.ts';
+import { Pools } from './pool.ts';
+import { buildRunner } from './runner.ts';
+
+/** Compiles get their own, roomier limits: a compiler is not the program under judgement. */
+const COMPILE_LIMITS: RunLimits = { timeMs: 30_000, wallMs: 60_000, memoryMiB: 1024, outputBytes: 64 * 1024 };
+const RECYCLE_AFTER = 5000;
+const IDLE_MS = 60_000;
+
+export class FnService {
+  private pools?: Pools;
+  private sub?: Subscription;
+  private readonly dir: string;
+
+  constructor(
+    private readonly o: { nc: NatsConnection; backend: ContainerBackend; images: NodeImages; cfg: FnConfig; nodeId: string; nodeDir: string; log: Logger },
+  ) {
+    this.dir = join(o.nodeDir, 'fncall');
+  }
+
+  async start(): Promise<void> {
+    await this.recover();
+    const runner = await buildRunner(this.o.cfg.runnerDir);
+    const warm: Record<string, number> = {};
+    for (const [name, n] of Object.entries(this.o.cfg.pool)) {
+      const image = (LANGUAGES as Record<string, Language | undefined>)[name]?.image ?? name;
+      warm[image] = Math.max(warm[image] ?? 0, n);
+    }
+    const pools = new Pools(
+      { warm, max: this.o.cfg.maxMembers, queue: this.o.cfg.queue, recycleAfter: RECYCLE_AFTER, idleMs: IDLE_MS },
+      { backend: this.o.backend, runner, dir: this.dir, diskMiB: this.o.cfg.diskMiB, pidsLimit: this.o.cfg.pidsLimit },
+      (image) => this.manifest(image),
+      this.o.log,
+      (m) => this.warmUp(m),
+    );
+    pools.start(this.o.cfg.prewarm);
+    this.pools = pools;
+    this.sub = serve(this.o.nc, subjects.fnInvoke, { queue: FN_QUEUE, log: this.o.log, name: 'fn.invoke', maxBytes: Limits.requestBytesMax }, (req) => this.invoke(validateFnInvoke(req.body)));
+  }
+
+  /** Scratch directories of members of a previous run (their containers are the backend's to recover). */
+  private async recover(): Promise<void> {
+    await mkdir(this.dir, { recursive: true });
+    for (const name of await readdir(this.dir)) {
+      const d = join(this.dir, name);
+      if (mounts().some((m) => m.target === d)) await run('umount', ['-l', d], { allowFail: true });
+      await rm(d, { recursive: true, force: true });
+    }
+  }
+
+  private async manifest(image: string) {
+    try {
+      return await this.o.images.forSpec(validateSpec({ image }));
+    } catch (e) {
+      if (e instanceof ProtocolError && e.code === 'INVALID_SPEC') return null;
+      throw e;
+    }
+  }
+
+  /**
+   * Runs each language of the member's image once (python imports a few modules, gcc compiles a
+   * line): the first real call then finds the runtime's files in the page cache instead of
+   * fetching them from the layer store.
+   */
+  private async warmUp(m: Member): Promise<void> {
+    const env = this.envOf(m, { env: {} });
+    for (const lang of Object.values(LANGUAGES)) {
+      if (lang.image !== m.image) continue;
+      const o = await m.run({ argv: lang.warm, env, stdin: new Uint8Array(0), limits: COMPILE_LIMITS });
+      if (o.exitCode !== 0) this.o.log.warn({ member: m.id, argv: lang.warm, exitCode: o.exitCode, stderr: o.stderr.toString().slice(0, 500) }, 'FnCall warm-up failed');
+      await m.reset();
+    }
+  }
+
+  /** Languages whose image is among `images` (the node's, for its record in pdk_nodes). */
+  languages(images: string[]): FnLanguage[] {
+    return FnLanguages.filter((l) => images.includes(LANGUAGES[l].image));
+  }
+
+  get load(): { running: number; queued: number } {
+    return this.pools?.load ?? { running: 0, queued: 0 };
+  }
+
+  stats() {
+    return this.pools?.stats() ?? {};
+  }
+
+  async invoke(req: FnInvoke): Promise<FnInvokeResult> {
+    const lang = req.language ? LANGUAGES[req.language] : undefined;
+    const image = lang?.image ?? (req.image as string);
+    if (lang && !(await this.o.images.list()).includes(image)) {
+      throw new ProtocolError('UNAVAILABLE', `${req.language} runs in the '${image}' image, which node ${this.o.nodeId} does not have; build it with 'paddock fn build'`, { detail: { image } });
+    }
+    const pools = this.pools;
+    if (!pools) throw new ProtocolError('UNAVAILABLE', 'FnCall is starting');
+    const asked = performance.now();
+    const m = await pools.acquire(image);
+    const queuedMs = Math.round((performance.now() - asked) * 1000) / 1000;
+    let broken = false;
+    try {
+      return { ...(await this.runIn(m, req, lang)), node: this.o.nodeId, queuedMs };
+    } catch (e) {
+      broken = true;
+      throw e;
+    } finally {
+      pools.release(m, broken);
+    }
+  }
+
+  private async runIn(m: Member, req: FnInvoke, lang: Language | undefined): Promise<Omit<FnInvokeResult, 'node' | 'queuedMs'>> {
+    const env = this.envOf(m, req);
+    const limits: RunLimits = { ...req.limits, outputBytes: Math.min(req.limits.outputBytes, this.replyRoom()) };
+    const out: Omit<FnInvokeResult, 'node' | 'queuedMs'> = { verdict: 'OK', exitCode: 0, stdout: new Uint8Array(0), stderr: new Uint8Array(0), timeMs: 0, wallMs: 0, memoryBytes: 0 };
+    if (req.code) m.putBox(lang?.file ?? 'main', req.code, lang ? 0o644 : 0o755);
+    m.putWork(req.files);
+    let fresh = true;
+    if (lang?.compile) {
+      const c = await m.run({ argv: lang.compile, env, stdin: new Uint8Array(0), limits: COMPILE_LIMITS });
+      const judged = judgeRun(c, COMPILE_LIMITS, undefined, 'exact', this.o.cfg.pidsLimit);
+      const text = Buffer.concat([c.stdout, c.stderr]);
+      if (text.length > 0) out.compileOutput = text;
+      if (judged.verdict !== 'OK' || !m.promote('main')) {
+        const why = judged.verdict === 'RUNTIME_ERROR' ? `the compiler failed (exit code ${c.exitCode})` : (judged.reason ?? 'the compiler wrote no program').replace('the program', 'the compiler');
+        return { ...out, verdict: 'COMPILE_ERROR', exitCode: c.exitCode, timeMs: judged.timeMs, wallMs: judged.wallMs, memoryBytes: judged.memoryBytes, reason: why };
+      }
+      fresh = false;
+    }
+    const argv = lang ? [...lang.run, ...req.args] : [...(req.command ?? []), ...req.args];
+    const tests = req.tests ?? [{ stdin: req.stdin }];
+    const results: FnRunResult[] = [];
+    for (const test of tests) {
+      if (!fresh) {
+        await m.reset(true);
+        m.putWork(req.files);
+      }
+      fresh = false;
+      const o = await m.run({ argv, env, stdin: test.stdin, limits });
+      const r = judgeRun(o, limits, 'expected' in test ? test.expected : undefined, req.compare, this.o.cfg.pidsLimit);
+      results.push(r);
+      if (req.stopOnFailure && r.verdict !== 'OK') break;
+    }
+    if (!req.tests) return { ...out, ...(results[0] as FnRunResult) };
+    const total = aggregate(results);
+    // Previews of every test fit beside the main output in one reply.
+    const preview = Math.min(Limits.fn.testPreviewBytes, Math.floor(this.replyRoom() / (2 * results.length)));
+    return { ...out, ...total, tests: results.map((r) => previewOf(r, preview)) };
+  }
+
+  /** The image's environment, then the program's place in the member, then the caller's. */
+  private envOf(m: Member, req: Pick<FnInvoke, 'env'>): Record<string, string> {
+    const env: Record<string, string> = {};
+    for (const kv of m.manifest.env) {
+      const i = kv.indexOf('=');
+      if (i > 0) env[kv.slice(0, i)] = kv.slice(i + 1);
+    }
+    return { ...env, HOME: WORK, TMPDIR: '/tmp', ...req.env };
+  }
+
+  /** Output that still fits one NATS reply with room for the rest of the result. */
+  private replyRoom(): number {
+    const max = this.o.nc.info?.max_payload ?? 1024 * 1024;
+    return Math.max(1024, Math.floor(max / 2) - 64 * 1024);
+  }
+
+  async stop(): Promise<void> {
+    this.sub?.unsubscribe();
+    await this.pools?.stop();
+  }
+}

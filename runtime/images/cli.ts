@@ -1,0 +1,222 @@
+/**
+ * `paddock image …`: build layers and images, move them between stores, list and collect them,
+ * serve a store, and read a node's layer cache counters. ops/cli.ts hands the words after `image`
+ * to `imageCommand`.
+ */
+import { existsSync, readFileSync, statSync } from 'node:fs';
+import { dirname, resolve } from 'node:path';
+import { parseArgs } from 'node:util';
+import { loadConfig } from '../config.ts';
+import { type BuildSpec, buildImage, DEFAULT_ENV, ensurePythonImage, parseSpec } from './build.ts';
+import type { LayerStore } from './layer-store.ts';
+import { copyImage, LocalLayerStore, openStore } from './remote.ts';
+import { StoreServer } from './server.ts';
+import { ImageStore } from './store.ts';
+
+export const IMAGE_USAGE = `Usage: paddock image <command>
+
+  build <dir|file.tar[.gz]> --name NAME [--cwd DIR] [--env K=V]...
+                           one directory or tarball → one EROFS layer → image NAME
+  build <spec.json> [--parts]
+                           a declarative image: base (debootstrap suite + packages, image, dir,
+                           tar), toolkit (packages, dir, tar, image), workspace (dir, tar, git,
+                           image); --parts also stores NAME-base, NAME-toolkit, NAME-workspace
+  build --python           the bookworm + python3 + pytest + git image (cached; parts stored too)
+  push <name> --to STORE   copy an image (and the layers STORE lacks) from the local store
+  pull <name> --from STORE copy an image into the local store; layers are checked against their digests
+  ls [--store STORE] [--json]          images of a store
+  rm <name> [--store STORE]            forget an image (its layers stay until gc)
+  gc [--store STORE] [--grace-ms MS] [--json]
+                           remove layers no image names (and older than the grace, default 1 h)
+  serve [--listen HOST:PORT] [--dir DIR]
+                           serve a directory as a layer store over HTTP until Ctrl-C
+  stats [NODE] [--json]    a node's layer cache: bytes fetched per layer, hits, misses, evictions
+
+STORE is a directory, http://host:port (a Paddock store), or rclone:<remote>:<path> (S3, GCS,
+WebDAV… through rclone). The local store is $PADDOCK_IMAGES_DIR (default $PADDOCK_HOME/images);
+--store defaults to $PADDOCK_STORE_URL, else the local store.
+`;
+
+export interface ImageCliIo {
+  out: (s: string) => void;
+  err: NodeJS.WritableStream & { isTTY?: boolean };
+  /** Connects to Paddock for `stats` (the caller knows the NATS URL and timeouts). */
+  connect?: () => Promise<{ nodes: { list(): Promise<{ node: string; ts: number; heartbeatMs: number }[]>; info(node: string): Promise<unknown> }; close(): Promise<void> }>;
+}
+
+export class ImageUsageError extends Error {}
+
+function human(n: number): string {
+  if (n < 1024) return `${n} B`;
+  if (n < 1024 ** 2) return `${(n / 1024).toFixed(1)} KiB`;
+  if (n < 1024 ** 3) return `${(n / 1024 ** 2).toFixed(1)} MiB`;
+  return `${(n / 1024 ** 3).toFixed(2)} GiB`;
+}
+
+function localDir(): string {
+  return loadConfig().imagesDir;
+}
+
+function storeFor(flag: string | undefined): LayerStore {
+  return openStore(flag ?? process.env.PADDOCK_STORE_URL ?? localDir());
+}
+
+/** Runs one `paddock image` command; resolves to the exit status. */
+export async function imageCommand(argv: string[], io: ImageCliIo): Promise<number> {
+  const [cmd, ...rest] = argv;
+  const { values, positionals } = (() => {
+    try {
+      return parseArgs({
+        args: rest,
+        allowPositionals: true,
+        options: {
+          name: { type: 'string' },
+          cwd: { type: 'string' },
+          env: { type: 'string', multiple: true },
+          parts: { type: 'boolean' },
+          python: { type: 'boolean' },
+          to: { type: 'string' },
+          from: { type: 'string' },
+          store: { type: 'string' },
+          json: { type: 'boolean' },
+          'grace-ms': { type: 'string' },
+          listen: { type: 'string' },
+          dir: { type: 'string' },
+        },
+      });
+    } catch (err) {
+      throw new ImageUsageError((err as Error).message);
+    }
+  })();
+  switch (cmd) {
+    case 'build': {
+      const store = new ImageStore(localDir());
+      if (values.python) {
+        const m = await ensurePythonImage(store, { progress: io.err });
+        io.out(`${m.name} ${m.layers.map((l) => l.digest.slice(7, 19)).join(' ')}\n`);
+        return 0;
+      }
+      const src = positionals[0];
+      if (!src) throw new ImageUsageError('build: give a directory, a tarball or a spec file (or --python)');
+      const path = resolve(src);
+      if (!existsSync(path)) throw new ImageUsageError(`build: no such file or directory ${src}`);
+      let spec: BuildSpec;
+      if (path.endsWith('.json')) {
+        spec = parseSpec(readFileSync(path, 'utf8'), dirname(path));
+      } else {
+        if (!values.name) throw new ImageUsageError('build: --name is required for a directory or tarball');
+        const base = statSync(path).isDirectory() ? { dir: path } : { tar: path };
+        spec = { name: values.name, base, env: [...DEFAULT_ENV, ...(values.env ?? [])], cwd: values.cwd ?? '/' };
+      }
+      const m = await buildImage(spec, { store, progress: io.err, parts: values.parts });
+      io.out(`${m.name} ${m.layers.map((l) => l.digest.slice(7, 19)).join(' ')}\n`);
+      return 0;
+    }
+    case 'push':
+    case 'pull': {
+      const name = positionals[0];
+      if (!name) throw new ImageUsageError(`${cmd}: which image?`);
+      const remoteLoc = cmd === 'push' ? values.to : values.from;
+      if (!remoteLoc) throw new ImageUsageError(`${cmd}: --${cmd === 'push' ? 'to' : 'from'} STORE is required`);
+      const local = new LocalLayerStore(values.dir ?? localDir());
+      const remote = openStore(remoteLoc);
+      try {
+        const [from, to] = cmd === 'push' ? [local, remote] : [remote, local];
+        const m = await copyImage(name, from, to, (l, copied) => io.err.write(`${copied ? 'copied' : 'present'} ${l.digest} (${human(l.size)})\n`));
+        io.out(`${m.name}: ${m.layers.length} layer(s) in ${to.location}\n`);
+      } finally {
+        await remote.close();
+      }
+      return 0;
+    }
+    case 'ls': {
+      const s = storeFor(values.store);
+      try {
+        const names = await s.list();
+        const rows = [];
+        for (const n of names) {
+          const m = await s.get(n);
+          if (m) rows.push({ name: n, layers: m.layers.length, bytes: m.layers.reduce((a, l) => a + l.size, 0), digests: m.layers.map((l) => l.digest) });
+        }
+        if (values.json) io.out(`${JSON.stringify(rows)}\n`);
+        else {
+          io.out(`${'IMAGE'.padEnd(28)} ${'LAYERS'.padStart(6)} ${'SIZE'.padStart(10)}  TOP LAYER\n`);
+          for (const r of rows) io.out(`${r.name.padEnd(28)} ${String(r.layers).padStart(6)} ${human(r.bytes).padStart(10)}  ${(r.digests.at(-1) ?? '').slice(0, 19)}\n`);
+        }
+      } finally {
+        await s.close();
+      }
+      return 0;
+    }
+    case 'rm': {
+      if (positionals.length === 0) throw new ImageUsageError('rm: which image?');
+      const s = storeFor(values.store);
+      try {
+        for (const n of positionals) await s.remove(n);
+      } finally {
+        await s.close();
+      }
+      return 0;
+    }
+    case 'gc': {
+      const grace = values['grace-ms'] === undefined ? 3600_000 : Number(values['grace-ms']);
+      if (!Number.isFinite(grace) || grace < 0) throw new ImageUsageError('gc: --grace-ms must be a non-negative number');
+      const s = storeFor(values.store);
+      try {
+        const r = await s.gc(grace);
+        if (values.json) io.out(`${JSON.stringify(r)}\n`);
+        else io.out(`removed ${r.removed.length} layer(s), ${human(r.freedBytes)} freed; ${r.kept} kept\n`);
+      } finally {
+        await s.close();
+      }
+      return 0;
+    }
+    case 'serve': {
+      const store = new ImageStore(values.dir ?? localDir());
+      await store.init();
+      const server = new StoreServer(store);
+      const listen = values.listen ?? '127.0.0.1:0';
+      const i = listen.lastIndexOf(':');
+      const url = await server.listen(listen.slice(0, i) || '127.0.0.1', Number(listen.slice(i + 1) || 0));
+      io.out(`serving ${store.root} at ${url}\n`);
+      await new Promise<void>((r) => {
+        process.once('SIGINT', () => r());
+        process.once('SIGTERM', () => r());
+      });
+      await server.close();
+      return 0;
+    }
+    case 'stats': {
+      if (!io.connect) throw new ImageUsageError('stats: needs a Paddock to talk to');
+      const pdk = await io.connect();
+      try {
+        let node = positionals[0];
+        if (!node) {
+          const live = (await pdk.nodes.list()).filter((r) => Date.now() - r.ts < 3 * r.heartbeatMs);
+          if (live.length !== 1) throw new ImageUsageError(`stats: name a node (live: ${live.map((r) => r.node).join(', ') || 'none'})`);
+          node = (live[0] as { node: string }).node;
+        }
+        const info = (await pdk.nodes.info(node)) as { layers?: import('./layers.ts').NodeLayerStats };
+        const l = info.layers;
+        if (!l) throw new ImageUsageError(`stats: node ${node} reports no layer cache`);
+        if (values.json) {
+          io.out(`${JSON.stringify(l)}\n`);
+          return 0;
+        }
+        io.out(`node ${node}: ${l.mode} from ${l.store}; cache ${human(l.cachedBytes)} of ${human(l.budgetBytes)}, ${l.evictions} eviction(s)\n`);
+        io.out(`fetched ${human(l.fetchedBytes)}; chunk hits ${l.hits}, misses ${l.misses}\n`);
+        io.out(`${'LAYER'.padEnd(20)} ${'SIZE'.padStart(10)} ${'CACHED'.padStart(10)} ${'FETCHED'.padStart(10)} ${'HITS'.padStart(7)} ${'MISSES'.padStart(7)} USERS\n`);
+        for (const x of l.layers) {
+          io.out(`${x.digest.slice(0, 19).padEnd(20)} ${human(x.size).padStart(10)} ${human(x.cachedBytes).padStart(10)} ${human(x.fetchedBytes).padStart(10)} ${String(x.hits).padStart(7)} ${String(x.misses).padStart(7)} ${x.users}\n`);
+        }
+      } finally {
+        await pdk.close();
+      }
+      return 0;
+    }
+    default:
+      io.out(IMAGE_USAGE);
+      if (cmd === undefined || cmd === 'help' || cmd === '--help' || cmd === '-h') return 0;
+      throw new ImageUsageError(`unknown image command '${cmd}'`);
+  }
+}

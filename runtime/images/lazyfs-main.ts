@@ -1,0 +1,116 @@
+/**
+ * The layer daemon, a child of the node process: it owns the node's layer cache and serves the
+ * layers being loaded lazily as files of a FUSE mount, `<mountpoint>/<hex>.erofs`, whose bytes
+ * are fetched from the store when the kernel first reads them.
+ *
+ * It is a process of its own because FUSE reads must never wait on the process that answers them:
+ * the node reads sandbox files (through overlay and EROFS) on its own thread pool, and those reads
+ * end up here. The node talks to it over the fork IPC channel (`LayerDaemonRequest`); when the
+ * node goes away the channel closes and the daemon unmounts and exits.
+ */
+import { spawn } from 'node:child_process';
+import { mkdir } from 'node:fs/promises';
+import { CacheFullError, type CacheLayerRef, LayerCache, type LoadMode } from './cache.ts';
+import { FuseServer } from './fuse.ts';
+
+export interface LayerDaemonConfig {
+  mountpoint: string;
+  cacheDir: string;
+  budgetBytes: number;
+  storeUrl: string;
+  timeoutMs: number;
+  attempts: number;
+}
+
+export type LayerDaemonRequest =
+  | { id: number; op: 'acquire'; ref: CacheLayerRef; mode: LoadMode }
+  | { id: number; op: 'release'; digest: string }
+  | { id: number; op: 'drop'; digest: string }
+  | { id: number; op: 'stats' };
+
+export type LayerDaemonMessage =
+  | { id: number; ok: true; result: unknown }
+  | { id: number; ok: false; error: string; full?: boolean }
+  | { event: 'ready' }
+  | { event: 'pressure' }
+  | { event: 'fetch-error'; digest: string; message: string }
+  | { event: 'fatal'; message: string };
+
+function send(m: LayerDaemonMessage): void {
+  process.send?.(m);
+}
+
+async function umount(target: string): Promise<void> {
+  await new Promise<void>((resolve) => {
+    const c = spawn('umount', ['-l', target], { stdio: 'ignore' });
+    c.on('close', () => resolve());
+    c.on('error', () => resolve());
+  });
+}
+
+async function main(): Promise<void> {
+  const cfg = JSON.parse(process.argv[2] ?? '{}') as LayerDaemonConfig;
+  let lastPressure = 0;
+  const cache = new LayerCache({
+    dir: cfg.cacheDir,
+    budgetBytes: cfg.budgetBytes,
+    storeUrl: cfg.storeUrl,
+    timeoutMs: cfg.timeoutMs,
+    attempts: cfg.attempts,
+    onPressure: () => {
+      // The node answers by unmounting idle layers; once a second is plenty.
+      if (Date.now() - lastPressure < 1000) return;
+      lastPressure = Date.now();
+      send({ event: 'pressure' });
+    },
+    onFetchError: (digest, message) => send({ event: 'fetch-error', digest, message }),
+  });
+  await cache.init();
+  await mkdir(cfg.mountpoint, { recursive: true });
+  await umount(cfg.mountpoint);
+  const fs = new FuseServer(cfg.mountpoint, {
+    read: (name, offset, length) => cache.read(name.replace(/\.erofs$/, ''), offset, length),
+  });
+  await fs.mount();
+
+  let closing = false;
+  const shutdown = async () => {
+    if (closing) return;
+    closing = true;
+    await cache.close().catch(() => {});
+    await umount(cfg.mountpoint);
+    fs.close();
+    process.exit(0);
+  };
+  process.on('disconnect', () => void shutdown());
+  process.on('SIGTERM', () => void shutdown());
+
+  process.on('message', (msg: LayerDaemonRequest) => {
+    const handle = async (): Promise<unknown> => {
+      switch (msg.op) {
+        case 'acquire': {
+          const r = await cache.acquire(msg.ref, msg.mode);
+          if (!r.local) fs.add({ name: `${r.hex}.erofs`, size: r.size });
+          return { path: r.local ? cache.localPath(r.hex) : `${cfg.mountpoint}/${r.hex}.erofs`, local: r.local };
+        }
+        case 'release':
+          cache.release(msg.digest);
+          return null;
+        case 'drop':
+          return cache.drop(msg.digest);
+        case 'stats':
+          return cache.stats();
+      }
+    };
+    handle().then(
+      (result) => send({ id: msg.id, ok: true, result }),
+      (err: unknown) => send({ id: msg.id, ok: false, error: (err as Error).message, full: err instanceof CacheFullError }),
+    );
+  });
+  send({ event: 'ready' });
+}
+
+main().catch((err: unknown) => {
+  send({ event: 'fatal', message: (err as Error).message });
+  process.exit(1);
+});

@@ -1,0 +1,122 @@
+/**
+ * Images as one node sees them: the store it reads manifests and layer bytes from, the layers it
+ * has mounted, and the composition of a sandbox's rootfs from up to three images.
+ *
+ * With no PADDOCK_STORE_URL the node serves the host's image directory itself (server.ts) on
+ * loopback and reads from that, so even a one-host Paddock reads its layers over the network path
+ * a cluster uses. With `rclone:<remote>:<path>` it runs `rclone serve http` beside it and reads
+ * layer ranges from that.
+ */
+import { ProtocolError, type SandboxSpec } from '../../protocol/index.ts';
+import type { NodeConfig } from '../config.ts';
+import { ensureBusyboxImage } from './busybox.ts';
+import { LayerManager, type NodeLayerStats } from './layers.ts';
+import type { LayerStore } from './layer-store.ts';
+import { openStore } from './remote.ts';
+import { StoreServer } from './server.ts';
+import { type ImageManifest, ImageStore, type LayerRef } from './store.ts';
+
+interface Log {
+  warn(o: object, msg: string): void;
+  info(o: object, msg: string): void;
+}
+
+/** The rootfs of a sandbox made of base, toolkit and workspace images, bottom first. */
+export function compose(base: ImageManifest, toolkit?: ImageManifest, workspace?: ImageManifest): ImageManifest {
+  const parts = [base, toolkit, workspace].filter((m): m is ImageManifest => m !== undefined);
+  const seen = new Set<string>();
+  const layers: LayerRef[] = [];
+  for (const m of parts) {
+    for (const l of m.layers) {
+      // An image built on the same base lists it again: overlay needs it once, at the bottom.
+      if (seen.has(l.digest)) continue;
+      seen.add(l.digest);
+      layers.push(l);
+    }
+  }
+  const env = new Map<string, string>();
+  for (const m of parts) for (const kv of m.env) env.set(kv.slice(0, kv.indexOf('=')), kv);
+  const cwd = [...parts].reverse().find((m) => m.cwd !== '/')?.cwd ?? base.cwd;
+  return { ...base, name: parts.map((m) => m.name).join('+'), layers, env: [...env.values()], cwd };
+}
+
+export class NodeImages {
+  private store!: LayerStore;
+  private server?: StoreServer;
+  layers!: LayerManager;
+  /** The http:// base URL layers are read from (announced in the node record). */
+  storeUrl = '';
+  private names: { at: number; list: string[] } = { at: 0, list: [] };
+
+  constructor(
+    private readonly cfg: NodeConfig,
+    private readonly log: Log,
+  ) {}
+
+  async start(): Promise<void> {
+    const l = this.cfg.layers;
+    if (!l.store) {
+      const local = new ImageStore(this.cfg.imagesDir);
+      await local.init();
+      await ensureBusyboxImage(local);
+      this.server = new StoreServer(local);
+      const i = l.listen.lastIndexOf(':');
+      this.storeUrl = await this.server.listen(l.listen.slice(0, i) || '127.0.0.1', Number(l.listen.slice(i + 1) || 0));
+      this.store = openStore(this.storeUrl, { timeoutMs: l.timeoutMs });
+    } else {
+      this.store = openStore(l.store, { timeoutMs: l.timeoutMs });
+      const url = await this.store.readUrl();
+      if (!url) throw new Error(`PADDOCK_STORE_URL=${l.store}: not a store nodes can read layers from (http://… or rclone:…)`);
+      this.storeUrl = url;
+    }
+    this.layers = new LayerManager({
+      nodeDir: this.cfg.nodeDir,
+      cacheDir: l.cacheDir,
+      budgetBytes: l.cacheBytes,
+      mode: l.mode,
+      storeUrl: this.storeUrl,
+      timeoutMs: l.timeoutMs,
+      idleMs: l.idleMs,
+      log: this.log,
+    });
+    await this.layers.start();
+    this.log.info({ store: this.storeUrl, embedded: !!this.server, mode: l.mode, cacheBytes: l.cacheBytes }, 'layer store ready');
+  }
+
+  /** Image names the store holds (refreshed at most every second: heartbeats ask often). */
+  async list(): Promise<string[]> {
+    if (Date.now() - this.names.at > 1000) this.names = { at: Date.now(), list: await this.store.list() };
+    return this.names.list;
+  }
+
+  private async need(field: 'image' | 'toolkit' | 'workspace', name: string): Promise<ImageManifest> {
+    let m: ImageManifest | null;
+    try {
+      m = await this.store.get(name);
+    } catch (err) {
+      throw new ProtocolError('BACKEND_FAILED', `${field}: the layer store ${this.store.location} cannot be read: ${(err as Error).message}`, { cause: err });
+    }
+    if (!m) throw new ProtocolError('INVALID_SPEC', `${field}: unknown image '${name}' (known: ${(await this.list().catch(() => [])).join(', ')})`, { detail: { field } });
+    return m;
+  }
+
+  /** The manifest a sandbox runs: its base image with its toolkit and workspace layered on top. */
+  async forSpec(spec: SandboxSpec): Promise<ImageManifest> {
+    const [base, toolkit, workspace] = await Promise.all([
+      this.need('image', spec.image),
+      spec.toolkit === undefined ? undefined : this.need('toolkit', spec.toolkit),
+      spec.workspace === undefined ? undefined : this.need('workspace', spec.workspace),
+    ]);
+    return compose(base, toolkit, workspace);
+  }
+
+  stats(): Promise<NodeLayerStats> {
+    return this.layers.stats();
+  }
+
+  async close(): Promise<void> {
+    await this.layers?.close().catch((err: unknown) => this.log.warn({ err }, 'closing layers failed'));
+    await this.store?.close();
+    await this.server?.close();
+  }
+}

@@ -1,0 +1,24 @@
+/**
+ * Waiting for a container's init to finish its execve. `crun run -d` returns as soon as the init
+ * has called execve, but with lazily loaded layers the kernel may still be reading the program and
+ * its interpreter from the store for a while; until the exec passes its point of no return, the
+ * process is not dumpable and `crun exec` cannot join its namespaces (setns: EPERM). The kernel
+ * renames the process (`comm`) at that point, so that is what we wait for.
+ */
+import { readFile } from 'node:fs/promises';
+import { basename } from 'node:path';
+import { run } from '../proc.ts';
+
+export async function waitExecuted(o: { crun: string; root: string; id: string; init: string[]; timeoutMs?: number }): Promise<void> {
+  const st = await run(o.crun, ['--root', o.root, 'state', o.id], { allowFail: true });
+  const pid = st.code === 0 ? (JSON.parse(st.stdout) as { pid?: number }).pid : undefined;
+  if (!pid) return;
+  const want = basename(o.init[0] ?? '').slice(0, 15);
+  const deadline = Date.now() + (o.timeoutMs ?? 60_000);
+  for (let delay = 2; ; delay = Math.min(delay * 2, 50)) {
+    const comm = (await readFile(`/proc/${pid}/comm`, 'utf8').catch(() => null))?.trim();
+    // Gone (the init failed: crun's error says why elsewhere) or renamed: either way, done waiting.
+    if (comm === undefined || comm === want || Date.now() > deadline) return;
+    await new Promise((r) => setTimeout(r, delay));
+  }
+}

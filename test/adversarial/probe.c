@@ -1,0 +1,75 @@
+// What an agent probing its sandbox would try, one line per attempt: "<name> <result>", where
+// result is OK or the errno's name. Built static by the adversarial suite and copied into a
+// sandbox through the files API (the busybox image has no compiler).
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/perf_event.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/ptrace.h>
+#include <sys/reboot.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/sysmacros.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static void report(const char *name, long r) {
+  if (r >= 0) printf("%s OK\n", name);
+  else printf("%s %s\n", name, strerrorname_np(errno));
+  fflush(stdout);
+}
+
+#define IOC(dir, type, nr, size) (((unsigned long)(dir) << 30) | ((unsigned long)(size) << 16) | ((unsigned long)(type) << 8) | (nr))
+
+int main(void) {
+  char buf[4096] = {0};
+  report("mount", mount("none", "/mnt", "tmpfs", 0, NULL));
+  report("umount", umount2("/proc", MNT_DETACH));
+  report("unshare_user", unshare(CLONE_NEWUSER));
+  report("unshare_mount", unshare(CLONE_NEWNS));
+  report("unshare_net", unshare(CLONE_NEWNET));
+  int ns = open("/proc/self/ns/net", O_RDONLY);
+  report("setns", setns(ns, 0));
+  report("clone3", syscall(SYS_clone3, NULL, 0));
+  pid_t child = fork();
+  if (child == 0) {
+    pause();
+    _exit(0);
+  }
+  report("ptrace_attach", ptrace(PTRACE_ATTACH, child, NULL, NULL));
+  kill(child, SIGKILL);
+  waitpid(child, NULL, 0);
+  report("init_module", syscall(SYS_init_module, buf, sizeof buf, ""));
+  report("finit_module", syscall(SYS_finit_module, 0, "", 0));
+  report("delete_module", syscall(SYS_delete_module, "ext4", 0));
+  report("bpf", syscall(SYS_bpf, 0, buf, 64));
+  struct perf_event_attr pe = {.type = PERF_TYPE_SOFTWARE, .size = sizeof pe, .config = PERF_COUNT_SW_CPU_CLOCK};
+  report("perf_event_open", syscall(SYS_perf_event_open, &pe, 0, -1, -1, 0));
+  report("kexec_load", syscall(SYS_kexec_load, 0, 0, NULL, 0));
+  report("keyctl", syscall(SYS_keyctl, 0, 0, 0, 0, 0));
+  report("add_key", syscall(SYS_add_key, "user", "k", "v", 1, -4));
+  report("userfaultfd", syscall(SYS_userfaultfd, 0));
+  report("io_uring_setup", syscall(SYS_io_uring_setup, 1, buf));
+  report("socket_packet", socket(AF_PACKET, SOCK_RAW, 0));
+  report("socket_raw", socket(AF_INET, SOCK_RAW, 1));
+  report("mknod", mknod("/tmp/null", S_IFCHR | 0666, makedev(1, 3)));
+  report("chroot", chroot("/tmp"));
+  report("reboot", reboot(RB_POWER_OFF));
+  report("open_by_handle_at", syscall(SYS_open_by_handle_at, AT_FDCWD, buf, O_RDONLY));
+  int fd = open("/tmp/swapext-target", O_RDWR | O_CREAT, 0644);
+  // XFS_IOC_SWAPEXT (_IOWR('X', 109, struct xfs_swapext)): the ioctl that shut a filesystem down.
+  report("ioctl_swapext", syscall(SYS_ioctl, fd, IOC(3, 'X', 109, 192), buf));
+  // The same request with garbage in the upper 32 bits, which the kernel ignores.
+  report("ioctl_swapext_high", syscall(SYS_ioctl, fd, (0xdeadbeefUL << 32) | IOC(3, 'X', 109, 192), buf));
+  report("ioctl_shutdown", syscall(SYS_ioctl, fd, IOC(2, 'X', 125, 4), buf));
+  report("ioctl_move_ext", syscall(SYS_ioctl, fd, IOC(3, 'f', 15, 40), buf));
+  return 0;
+}
