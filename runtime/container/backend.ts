@@ -134,7 +134,7 @@ export class ContainerBackend implements Backend {
       this.procs.set(id, { env, idle: spec.qos === 'be', cwd: spec.cwd ?? image.cwd });
       await this.crunRun(id, dir, spec.qos === 'be');
       // Lazily loaded layers can make the init's execve slow; exec cannot join it before it ends.
-      await waitExecuted({ crun: this.crun, root: this.crunRoot, id, init: image.init });
+      await waitExecuted({ pidFile: join(dir, 'init.pid'), init: image.init });
       if (spec.network) await this.setNetwork(id, spec.network);
       if (quota) await this.setCpuQuota(id, quota);
     } catch (e) {
@@ -164,7 +164,7 @@ export class ContainerBackend implements Backend {
     const fd = openSync(errFile, 'w');
     try {
       const code = await new Promise<number>((resolve, reject) => {
-        const [cmd, args] = this.crunCmd(['--root', this.crunRoot, 'run', '-d', '--bundle', dir, id], idle);
+        const [cmd, args] = this.crunCmd(['--root', this.crunRoot, 'run', '-d', '--pid-file', join(dir, 'init.pid'), '--bundle', dir, id], idle);
         const child = spawn(cmd, args, { stdio: ['ignore', 'ignore', fd] });
         child.on('error', reject);
         child.on('exit', (c) => resolve(c ?? 1));

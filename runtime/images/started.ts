@@ -7,12 +7,11 @@
  */
 import { readFile } from 'node:fs/promises';
 import { basename } from 'node:path';
-import { run } from '../proc.ts';
 
-export async function waitExecuted(o: { crun: string; root: string; id: string; init: string[]; timeoutMs?: number }): Promise<void> {
-  const st = await run(o.crun, ['--root', o.root, 'state', o.id], { allowFail: true });
-  const pid = st.code === 0 ? (JSON.parse(st.stdout) as { pid?: number }).pid : undefined;
-  if (!pid) return;
+/** `pidFile`: what `crun run --pid-file` wrote (reading it saves a `crun state` spawn per create). */
+export async function waitExecuted(o: { pidFile: string; init: string[]; timeoutMs?: number }): Promise<void> {
+  const pid = Number.parseInt((await readFile(o.pidFile, 'utf8').catch(() => '')).trim(), 10);
+  if (!(pid > 1)) return;
   const want = basename(o.init[0] ?? '').slice(0, 15);
   const deadline = Date.now() + (o.timeoutMs ?? 60_000);
   for (let delay = 2; ; delay = Math.min(delay * 2, 50)) {
