@@ -22,6 +22,7 @@ import { cpus as hostCpus } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { isMountPoint, mounts } from '../cgroups.ts';
+import { mountSyscall } from '../images/fuse.ts';
 import { run } from '../proc.ts';
 import { type IdRange, SANDBOX_IDS } from './oci.ts';
 
@@ -91,10 +92,19 @@ export class Hardening {
     const id = this.ids.hostId;
     const upper = join(disk, 'upper');
     const work = join(disk, 'work');
-    // The upper root is the sandbox's `/`: owned by its root.
-    const script = 'mount -t tmpfs -o "$2" paddock-disk "$1" && mkdir "$1/upper" "$1/work" && chown "$3:$3" "$1/upper" && mount -t overlay overlay -o "$4" "$5"';
-    const opts = `size=${diskMiB}m,nr_inodes=${inodes},mode=0700,nosuid,nodev`;
-    await run('sh', ['-c', script, 'sh', disk, opts, String(id), `lowerdir=${lowers.join(':')},upperdir=${upper},workdir=${work}`, rootfs]);
+    // The upper root is the sandbox's `/`: owned by its root. One perl process makes both mounts
+    // and the directories between them through mount(2): a shell with mount(8) twice, mkdir and
+    // chown cost five spawns, ~6 ms of every create on this host.
+    const script = [
+      // syscall() wants writable scalars, not literals.
+      'my ($disk, $opts, $id, $ovl, $root) = @ARGV; my $nr = $ENV{PDK_NR} + 0; my ($src, $tmpfs, $ov) = ("paddock-disk", "tmpfs", "overlay");',
+      'syscall($nr, $src, $disk, $tmpfs, 6, $opts) == 0 or die "mount tmpfs on $disk: $!\\n";',
+      'mkdir("$disk/upper", 0755) && mkdir("$disk/work", 0700) or die "mkdir in $disk: $!\\n";',
+      'chown($id, $id, "$disk/upper") or die "chown $disk/upper: $!\\n";',
+      'syscall($nr, $ov, $root, $ov, 0, $ovl) == 0 or die "mount overlay on $root: $!\\n";',
+    ].join(' ');
+    const opts = `size=${diskMiB}m,nr_inodes=${inodes},mode=0700`;
+    await run('perl', ['-e', script, disk, opts, String(id), `lowerdir=${lowers.join(':')},upperdir=${upper},workdir=${work}`, rootfs], { env: { PDK_NR: String(mountSyscall()), PATH: process.env.PATH ?? '/usr/bin:/bin' } });
   }
 
   /** The writable layer's mount point, for its free space (the DISK_LIMIT verdict). */
