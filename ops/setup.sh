@@ -13,6 +13,8 @@ if ! { [ -x /bin/busybox ] && { ldd /bin/busybox 2>&1 || true; } | grep -q 'not 
 command -v unshare >/dev/null 2>&1 || need+=(util-linux)
 command -v mount >/dev/null 2>&1 || need+=(mount)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
+# FnCall compiles its static runner once per host.
+{ command -v cc >/dev/null 2>&1 && [ -e /usr/lib/x86_64-linux-gnu/libc.a ] || [ -e /usr/lib/aarch64-linux-gnu/libc.a ]; } || need+=(gcc libc6-dev)
 # Images: lazy layers through FUSE (fusermount3 marks fuse3), object stores through rclone, the
 # python image through debootstrap, mount(2) through perl (perl-base), git for workspaces.
 command -v fusermount3 >/dev/null 2>&1 || need+=(fuse3)
@@ -24,7 +26,7 @@ command -v git >/dev/null 2>&1 || need+=(git)
 # shows each sandbox its own memory and CPUs, and nft for per-sandbox egress policies.
 command -v python3 >/dev/null 2>&1 || need+=(python3)
 command -v lxcfs >/dev/null 2>&1 || need+=(lxcfs)
-command -v nft >/dev/null 2>&1 || need+=(nftables)
+[ -x /usr/sbin/nft ] || need+=(nftables)  # not `command -v`: under npm, node_modules/.bin/nft (@vercel/nft) shadows it
 
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then

@@ -31,8 +31,11 @@ import { type LocalCluster, startLocalCluster } from '../local.ts';
 import { round3, summarize } from './stats.ts';
 
 const TARGETS = { throughputVsFloor: 0.7, throughputVsSandbox: 3, p50VsFloor: 1.5 };
-/** Floor and FnCall take turns this many times (see compare). */
-const ROUNDS = 6;
+/**
+ * Floor and FnCall take turns in batches of about this many invocations per loop (see compare):
+ * short turns, so that both meet the same background on a shared machine.
+ */
+const TURN = 5;
 
 interface Options {
   json: boolean;
@@ -137,7 +140,7 @@ function workloads(quick: boolean): Workload[] {
         }
       },
       latency: [q(30), q(8)],
-      calls: [q(60), q(16)],
+      calls: [q(80), q(16)],
     },
     {
       name: 'judge10',
@@ -157,7 +160,7 @@ function workloads(quick: boolean): Workload[] {
         }
       },
       latency: [q(30), q(6)],
-      calls: [q(60), q(12)],
+      calls: [q(80), q(12)],
     },
   ];
 }
@@ -257,7 +260,8 @@ class Tally {
  * method in turn, the order alternating), so that all of them see, on average, the same
  * background: on a shared 2-core machine other work comes and goes within seconds.
  */
-async function compare<K extends string>(what: string, batches: Record<K, Batch>, latencyN: number, calls: number, concurrency: number, rounds: number): Promise<Record<K, Measure>> {
+async function compare<K extends string>(what: string, batches: Record<K, Batch>, latencyN: number, calls: number, concurrency: number): Promise<Record<K, Measure>> {
+  const rounds = Math.max(2, Math.round(calls / (concurrency * TURN)));
   const names = Object.keys(batches) as K[];
   const tallies = Object.fromEntries(names.map((n) => [n, new Tally()])) as Record<K, Tally>;
   for (const n of names) await batches[n](1, Math.min(3, latencyN));
@@ -319,7 +323,7 @@ const fmt = (x: number) => (Number.isFinite(x) ? x.toFixed(1) : '—');
 
 function report(rows: Record<string, Row>, o: Options): string {
   const lines = [
-    `FnCall — ${cpus().length} cores, ${o.concurrency} calls in flight for throughput, floor and FnCall interleaved in ${o.quick ? 2 : ROUNDS} rounds${o.quick ? ' (--quick: fewer samples)' : ''}; load average at the end ${loadavg()
+    `FnCall — ${cpus().length} cores, ${o.concurrency} calls in flight for throughput (and ${o.concurrency} members per FnCall pool), floor and FnCall taking turns every ~${TURN * o.concurrency} calls${o.quick ? ' (--quick: fewer samples)' : ''}; load average at the end ${loadavg()
       .map((x) => x.toFixed(1))
       .join(' ')}`,
     '',
@@ -401,7 +405,8 @@ async function main(): Promise<void> {
   };
   for (const sig of ['SIGINT', 'SIGTERM'] as const) process.once(sig, () => void cleanUp().finally(() => process.exit(130)));
   try {
-    const members = cpus().length;
+    // As many members as calls in flight: FnCall runs as many programs at once as the floor does.
+    const members = o.concurrency;
     progress(`starting a local node (home ${home}; FnCall pools python=${members}, c=${members})`);
     cluster = await startLocalCluster({ home, nodes: 1, prefix: `fnb${process.pid}n`, imagesDir, env: { PADDOCK_FN_POOL: `python=${members},c=${members}`, PADDOCK_FN_MAX_MEMBERS: String(members) } });
     pdk = await Paddock.connect({ servers: cluster.url });
@@ -427,14 +432,13 @@ async function main(): Promise<void> {
     }
     const rows: Record<string, Row> = {};
     const cpu = cpuOfPaddock(cluster);
-    const rounds = o.quick ? 2 : ROUNDS;
     for (const w of workloads(o.quick)) {
       const fncall: Call = async () => {
         const r = await client.fn.invoke(w.fn);
         if (r.verdict !== 'OK' || !w.check(r.stdout, r.passed)) throw new Error(`fncall ${w.name}: ${JSON.stringify(r).slice(0, 500)}`);
       };
-      const both = await compare(w.name, { floor: floorBatch(w, scratch, python), fncall: sdkBatch(fncall, cpu) }, w.latency[0], w.calls[0], o.concurrency, rounds);
-      const sandbox = await compare(w.name, { sandbox: sdkBatch(w.sandbox(client), cpu) }, w.latency[1], w.calls[1], o.concurrency, 1);
+      const both = await compare(w.name, { floor: floorBatch(w, scratch, python), fncall: sdkBatch(fncall, cpu) }, w.latency[0], w.calls[0], o.concurrency);
+      const sandbox = await compare(w.name, { sandbox: sdkBatch(w.sandbox(client), cpu) }, w.latency[1], w.calls[1], o.concurrency);
       rows[w.name] = { ...both, ...sandbox };
     }
     process.stdout.write(`${report(rows, o)}\n`);

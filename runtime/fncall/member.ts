@@ -4,13 +4,16 @@
  * read-only root, and a runner beside its init that forks each program.
  *
  * Why a reused container with a runner, and not a container or a `crun exec` per call — measured
- * on this 2-core VM (perf stat, task-clock; python3 -c 'print(1)' itself costs ~10 ms of CPU):
- *   - a fresh container per call: create ~20 ms + destroy ~20 ms of CPU (crun run, overlay and
- *     tmpfs mounts, cgroups) — 4× the program itself;
- *   - `crun exec` per call into a warm container: ~5 ms of CPU (crun links and re-executes itself,
- *     joins seven namespaces, loads the seccomp filter) — 0.6× the floor at best, under the 0.7×
- *     target before Paddock does anything;
- *   - a fork of the runner that is already inside every namespace: ~0.5 ms.
+ * on this 2-core VM, CPU time per python3 -c 'print(1)', which alone costs ~10 ms:
+ *   - a fresh container sandbox per call (create, exec, kill): 52–66 ms in all (ops/bench/fncall.ts)
+ *     — crun run and delete, overlay and tmpfs mounts, cgroups, every time;
+ *   - `crun exec` per call into a warm container: +5 ms (perf stat: crun links and re-executes
+ *     itself, joins seven namespaces, loads the seccomp filter) — 0.6× the floor's throughput at
+ *     best, under the 0.7× target before Paddock does anything else;
+ *   - a fork + exec by a runner already inside every namespace: +0.05 ms over the same exec on the
+ *     host (/bin/true: 0.62 ms against 0.58 ms). FnCall's whole cost is then ~13–15 ms: the node,
+ *     NATS and the SDK ~2 ms, and ~2 ms of slower path lookups through the overlay of idmapped
+ *     EROFS layers (python's start makes hundreds; stat is 2.8 µs there against 1.3 µs on the host).
  * Between calls the member is made fresh again: every process but init and the runner is killed
  * (freeze → SIGKILL → thaw on the cgroup, so a fork bomb cannot outrun it) and the writable
  * directories are emptied. Programs run as an unprivileged uid with no capabilities, so they can
@@ -118,6 +121,10 @@ export class Member {
   private readonly mode: CgroupMode;
   private base: Counters = { cpuNs: 0, pidsMax: 0, oomKills: 0 };
   private memoryBytes = 0;
+  /** Tasks of the member at rest: its init (and whatever the image's init keeps) and the runner. */
+  private restTasks = 2;
+  /** Its processes at rest, which resets spare. */
+  private keep = new Set<number>();
   private destroyed: boolean = false;
   private destroying?: Promise<void>;
 
@@ -160,6 +167,8 @@ export class Member {
     this.initPid = (JSON.parse(st.stdout) as { pid?: number }).pid ?? 0;
     this.runner = await Runner.start({ crun, crunRoot: root, id: this.id, binary: this.o.runner, pidFile: join(s, 'runner.pid') }, (why) => this.o.onRunnerExit(this, why));
     if (this.mode === 'v2') await writeFile(this.file('memory', 'memory.swap.max'), '0').catch(() => {});
+    this.restTasks = this.tasks();
+    this.keep = new Set([this.initPid, this.runner.pid, ...this.procs()]);
     this.base = this.counters();
   }
 
@@ -173,6 +182,12 @@ export class Member {
     const linux = c.linux as Record<string, unknown>;
     // Objects in an IPC namespace outlive the processes that made them: allow none.
     linux.sysctl = { ...(linux.sysctl as object | undefined), 'kernel.shmmni': '0', 'kernel.msgmni': '0', 'kernel.sem': '0 0 0 0', 'fs.mqueue.queues_max': '0' };
+    // Not pinned to one CPU (the CFS quota of one core stays): a member runs one short program
+    // after another, and pinned it waits for its CPU while another is free. Measured on this
+    // 2-core VM with other work running: python print(1) throughput 0.67–0.79× the floor pinned,
+    // 0.82–0.99× unpinned.
+    const cpu = (linux.resources as { cpu?: { cpus?: string } } | undefined)?.cpu;
+    if (cpu) delete cpu.cpus;
   }
 
   /** Owners and modes of the scratch directories (a program owns /work and could chmod it). */
@@ -200,7 +215,7 @@ export class Member {
     return counter(readOr(this.file('pids', 'pids.events')), 'max');
   }
 
-  /** Tasks the pids controller counts (zombies included): 2 when only init and the runner are left. */
+  /** Tasks the pids controller counts, zombies included. */
   private tasks(): number {
     return Number(readOr(this.file('pids', 'pids.current')).trim() || 0);
   }
@@ -353,14 +368,16 @@ export class Member {
     return o;
   }
 
-  /** Host pids in the member's cgroup other than its init and runner. */
-  private strays(): number[] {
-    const text = readFileSync(this.file('pids', 'cgroup.procs'), 'utf8');
-    const keep = new Set([this.initPid, this.runner?.pid ?? 0]);
-    return text
+  /** Host pids in the member's cgroup other than those it had at rest (init, runner). */
+  private procs(): number[] {
+    return readFileSync(this.file('pids', 'cgroup.procs'), 'utf8')
       .split('\n')
       .map((l) => Number.parseInt(l, 10))
-      .filter((p) => p > 1 && !keep.has(p));
+      .filter((p) => p > 1);
+  }
+
+  private strays(): number[] {
+    return this.procs().filter((p) => !this.keep.has(p));
   }
 
   /** Kills every process but init and the runner: frozen first, so nothing forks in between. */
@@ -389,7 +406,7 @@ export class Member {
       // Killed processes leave zombies until the runner (their subreaper) reaps them, and
       // zombies still count against the pids limit: wait for the count, not just the list.
       const tasks = this.tasks();
-      if (strays.length === 0 && tasks <= 2) break;
+      if (strays.length === 0 && tasks <= this.restTasks) break;
       if (i >= 60) throw new ProtocolError('BACKEND_FAILED', `FnCall member ${this.id}: ${strays.length} processes survive SIGKILL, ${tasks} tasks counted`);
       if (strays.length > 0) await this.killPrograms();
       await new Promise((r) => setTimeout(r, wait));
