@@ -115,8 +115,10 @@ export class Sandboxes {
   async list(opts: ListOptions = {}): Promise<SandboxInfo[]> {
     const kv = await this.directory();
     const out: SandboxInfo[] = [];
-    const keys: string[] = [];
-    for await (const k of await kv.keys()) keys.push(k);
+    // A Set: a key written while the listing runs (a sandbox changing state) comes back again.
+    const unique = new Set<string>();
+    for await (const k of await kv.keys()) unique.add(k);
+    const keys = [...unique];
     const batch = 64;
     for (let i = 0; i < keys.length; i += batch) {
       const got = await Promise.all(keys.slice(i, i + batch).map((k) => kv.get(k)));
