@@ -32,8 +32,8 @@ import { isLive, placementMachine, rank } from './placement.ts';
 /** How many nodes one create tries before giving up with NO_CAPACITY. */
 const MAX_TRIES = 3;
 const NODE_CREATE_TIMEOUT_MS = 120_000;
-/** A group verb on thousands of sandboxes of one node takes seconds, not minutes. */
-const GROUP_TIMEOUT_MS = 120_000;
+/** Pause and resume of 3,200 sandboxes take ~1 s; killing as many takes minutes (crun delete each). */
+const GROUP_TIMEOUT_MS = 600_000;
 
 export class PlacementHost {
   private readonly actor: Actor<typeof placementMachine> = createActor(placementMachine);

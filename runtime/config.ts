@@ -107,7 +107,7 @@ export const ENV_DOC: Record<string, string> = {
   PADDOCK_DNS_UPSTREAM: 'host[:port] the DNS filter asks for allowed names (default: the first nameserver of /etc/resolv.conf)',
   PADDOCK_PIN_CPUS: '0 turns CPU pinning off (nproc then shows the node CPUs; the CFS quota still holds)',
   PADDOCK_LXCFS: '0 starts no lxcfs (sandboxes then see the host /proc/meminfo)',
-  PADDOCK_FILES_WRITE_MIBPS: 'files.write bandwidth per sandbox after a 16 MiB burst (default 64)',
+  PADDOCK_FILES_WRITE_MIBPS: 'files.write bandwidth per sandbox after a 16 MiB burst (default 32)',
   PADDOCK_TRACES: 'console | otlp: export OpenTelemetry spans (OTLP endpoint from OTEL_EXPORTER_OTLP_ENDPOINT)',
   PADDOCK_LOG_LEVEL: 'pino level (default info)',
 };

@@ -30,7 +30,7 @@ export const MAX_OFFSET = 2 ** 40;
  * on a 2-core node. A token bucket (a burst of BURST bytes, then RATE bytes/s) keeps ordinary
  * uploads instant and bounds what a flood takes. PADDOCK_FILES_WRITE_MIBPS sets the rate.
  */
-const RATE = (Number(process.env.PADDOCK_FILES_WRITE_MIBPS) || 64) * 1024 * 1024;
+const RATE = (Number(process.env.PADDOCK_FILES_WRITE_MIBPS) || 32) * 1024 * 1024;
 const BURST = 16 * 1024 * 1024;
 const buckets = new Map<string, { tokens: number; at: number }>();
 

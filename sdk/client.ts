@@ -135,12 +135,15 @@ export class Sandboxes {
   }
 }
 
+const GROUP_TIMEOUT_MS = 610_000;
+
 /** `pdk.groups.pause('job-7')`: one call, every sandbox of the group on every node, one summary. */
 export class Groups {
   constructor(private readonly t: Transport) {}
 
   private verb(group: string, verb: GroupVerb, opts?: CallOptions): Promise<GroupReply> {
-    return this.t.request<GroupReply>(subjects.group(group, verb), {}, opts);
+    // Killing thousands of sandboxes takes minutes: wait as long as the nodes do, unless told.
+    return this.t.request<GroupReply>(subjects.group(group, verb), {}, { timeoutMs: GROUP_TIMEOUT_MS, ...opts });
   }
 
   pause(group: string, opts?: CallOptions): Promise<GroupReply> {

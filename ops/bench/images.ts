@@ -140,8 +140,11 @@ async function deliveryRun(o: { kind: 'layers' | 'tar'; n: number; root: string;
   const dir = join(o.root, o.kind);
   await mkdir(dir, { recursive: true });
   const mounted: string[] = [];
+  let seq = 0;
   const mnt = async (src: string) => {
-    const target = join(dir, `l${mounted.length}`);
+    // Named before the first await: mounts made concurrently must not share a mount point (the
+    // same directory twice in lowerdir is an overlay loop, ELOOP).
+    const target = join(dir, `l${seq++}`);
     await mkdir(target, { recursive: true });
     await sysMount(src, target, 'erofs', MS_RDONLY, '');
     mounted.push(target);

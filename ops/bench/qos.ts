@@ -143,12 +143,20 @@ async function runAgent(agent: Sandbox, steps: number, iters: number, thinkUs: n
   return out;
 }
 
-/** Busy-loop iterations that take `stepMs` of CPU alone: a short run, the least CPU per iteration. */
-async function calibrate(agent: Sandbox, stepMs: number): Promise<number> {
+/**
+ * Busy-loop iterations whose step takes `stepMs` alone: a short probe for a first guess, then the
+ * real thing (think included: a core that was idle during the think runs the first milliseconds of a
+ * step slower than a hot loop does) scaled by what its median step took.
+ */
+async function calibrate(agent: Sandbox, stepMs: number, thinkUs: number): Promise<number> {
   const probe = 200_000;
-  const steps = await runAgent(agent, 5, probe, 0);
-  const nsPerIter = Math.min(...steps.map((s) => ((s.ms - s.waitMs) * 1e6) / probe));
-  return Math.round((stepMs * 1e6) / nsPerIter);
+  const first = await runAgent(agent, 5, probe, 0);
+  let iters = Math.round((stepMs * 1e6) / Math.min(...first.map((s) => ((s.ms - s.waitMs) * 1e6) / probe)));
+  for (let pass = 0; pass < 2; pass++) {
+    const ran = summarize((await runAgent(agent, 7, iters, thinkUs)).map((s) => s.ms - s.waitMs)).p50;
+    iters = Math.round((iters * stepMs) / ran);
+  }
+  return iters;
 }
 
 /** Starts one loader in each sandbox at `duty` (0..1] of a core, detached from the exec. */
@@ -395,7 +403,7 @@ async function main(): Promise<void> {
     for (const s of SETTINGS) for (let i = 0; i < n; i++) loaders[s].push(await create(s === 'full' ? 'be' : 'ls'));
 
     progress(`calibrating a ${o.stepMs} ms step`);
-    const iters = await calibrate(agent, o.stepMs);
+    const iters = await calibrate(agent, o.stepMs, Math.round(o.thinkMs * 1000));
     const t0 = performance.now();
     const results = await measure(c, o, agent, loaders, iters);
     progress(`measured in ${fmt((performance.now() - t0) / 1000, 0)} s`);

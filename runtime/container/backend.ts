@@ -1,7 +1,7 @@
 /**
  * The container backend: crun over a root filesystem composed with OverlayFS from read-only EROFS
- * layers (mounted once per node and shared by all its sandboxes; mount(8) puts a loop device
- * under each layer file) and a per-sandbox writable layer. No daemon, socket or Paddock file goes inside: exec is `crun exec`, files are reached from
+ * layers (mounted once per node and shared by all its sandboxes, straight from the layer file
+ * through mount(2), no loop device) and a per-sandbox writable layer. No daemon, socket or Paddock file goes inside: exec is `crun exec`, files are reached from
  * the host side through the overlay.
  *
  * Layout under the node directory:
