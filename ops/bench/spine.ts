@@ -17,7 +17,7 @@
  * goes to stderr; stdout carries the table and, with --json, one JSON object as its last line.
  */
 import { spawn } from 'node:child_process';
-import { chmod, mkdir, mkdtemp, readdir, readFile, rm, rmdir, writeFile } from 'node:fs/promises';
+import { chmod, mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { cpus, tmpdir, totalmem } from 'node:os';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
@@ -29,6 +29,7 @@ import { BUSYBOX_IMAGE } from '../../runtime/images/busybox.ts';
 import { type ImageManifest, ImageStore } from '../../runtime/images/store.ts';
 import { Paddock, PaddockError, type Sandbox } from '../../sdk/index.ts';
 import { type LocalCluster, startLocalCluster } from '../local.ts';
+import { fmt, progress, removeCgroup, removeHiddenUnified, table, tailOf } from './harness.ts';
 import { round3, type Summary, summarize } from './stats.ts';
 
 const DEFAULT_N = 50;
@@ -79,7 +80,6 @@ function parseArgs(argv: readonly string[]): Options {
   return o;
 }
 
-const progress = (msg: string) => process.stderr.write(`bench: ${msg}\n`);
 
 /** Cleanups run once, last registered first, whether the run ends normally, fails or is interrupted. */
 const cleanups: Array<{ what: string; fn: () => Promise<void> }> = [];
@@ -207,68 +207,6 @@ for id in "\${ids[@]}"; do
   emit kill.umount "$t1" "$t2"
 done
 `;
-}
-
-/** Removes the cgroup `dir` and everything below it, killing whatever still runs there; returns what was removed. */
-async function removeCgroupDir(dir: string): Promise<string[]> {
-  const kids = await readdir(dir, { withFileTypes: true }).catch(() => null);
-  if (!kids) return [];
-  const removed: string[] = [];
-  for (const k of kids) if (k.isDirectory()) removed.push(...(await removeCgroupDir(join(dir, k.name))));
-  const procs = await readFile(join(dir, 'cgroup.procs'), 'utf8').catch(() => '');
-  for (const pid of procs.split('\n').map((x) => Number.parseInt(x, 10))) {
-    if (pid > 1) {
-      try {
-        process.kill(pid, 'SIGKILL');
-      } catch {
-        // already gone
-      }
-    }
-  }
-  // A killed process leaves its cgroup a moment later: rmdir says EBUSY until then.
-  for (let i = 0; i < 50; i++) {
-    const err = await rmdir(dir).then(
-      () => null,
-      (e: NodeJS.ErrnoException) => e.code ?? 'EIO',
-    );
-    if (err === null) return [...removed, dir];
-    if (err !== 'EBUSY') break;
-    await new Promise((r) => setTimeout(r, 20));
-  }
-  return removed;
-}
-
-/**
- * Removes the cgroup at `path` (relative to a hierarchy's root) from every hierarchy: the v2 root,
- * or each v1 controller — and named ones such as `systemd`, where crun creates cgroups too.
- */
-async function removeCgroup(path: string): Promise<string[]> {
-  const base = '/sys/fs/cgroup';
-  const hierarchies = [base, ...(await readdir(base).catch(() => [] as string[])).map((h) => join(base, h))];
-  const removed: string[] = [];
-  for (const h of hierarchies) removed.push(...(await removeCgroupDir(join(h, path))));
-  return removed;
-}
-
-/**
- * On a hybrid host, removes `unified/<path>` from /sys/fs/cgroup's own tmpfs, where crun leaves a
- * directory and a cgroup.procs file per container when `unified` is unmounted (see HYBRID_PREP).
- * The host cannot see them under its cgroup2 mount: look from a namespace without it. Returns how
- * many containers' entries there were.
- */
-async function removeHiddenUnified(path: string): Promise<number> {
-  if (detectCgroups() !== 'hybrid') return 0;
-  const script = 'umount /sys/fs/cgroup/unified && d=/sys/fs/cgroup/unified/$1 && [ -d "$d" ] && find "$d" -name cgroup.procs | wc -l && rm -rf "$d"; true';
-  const child = spawn('unshare', ['--mount', '--propagation', 'private', '--', 'sh', '-c', script, 'sh', path], { stdio: ['ignore', 'pipe', 'inherit'] });
-  let out = '';
-  child.stdout.on('data', (d: Buffer) => {
-    out += d.toString();
-  });
-  await new Promise<void>((resolve, reject) => {
-    child.on('error', reject);
-    child.on('close', () => resolve());
-  });
-  return Number.parseInt(out.trim(), 10) || 0;
 }
 
 type Samples = Map<string, number[]>;
@@ -446,16 +384,6 @@ interface OpReport {
   floor: Summary;
 }
 
-const fmt = (x: number) => (Number.isFinite(x) ? x.toFixed(3) : '—');
-
-function table(rows: string[][]): string {
-  const widths = rows[0]?.map((_, c) => Math.max(...rows.map((r) => (r[c] ?? '').length))) ?? [];
-  const line = (r: string[]) => r.map((cell, c) => (c === 0 ? cell.padEnd(widths[c] ?? 0) : cell.padStart(widths[c] ?? 0))).join(' | ');
-  const rule = widths.map((w) => '-'.repeat(w)).join('-+-');
-  const [head, ...body] = rows;
-  return [line(head ?? []), rule, ...body.map(line)].join('\n');
-}
-
 function humanReport(o: Options, execs: number, ops: Record<Op, OpReport>, floor: Samples, execNode: Summary, conc: ConcurrentResult, capacityNote: string): string {
   const rows: string[][] = [['operation', 'p50 ms', 'p95 ms', 'p99 ms', 'floor p50 ms', 'ratio', 'target', 'result']];
   for (const op of OPS) {
@@ -512,12 +440,6 @@ function nodeEnv(o: Options, need: number): { env: Record<string, string>; slots
     slots: slots(cpuOc, memOc, max),
     note: `node overcommit raised to cpu ×${cpuOc}, memory ×${memOc} (defaults ×${cpu}, ×${memory}; keep them with --node-defaults) so ${need} default sandboxes fit`,
   };
-}
-
-async function tailOf(file: string | undefined, lines: number): Promise<string> {
-  if (!file) return '';
-  const text = await readFile(file, 'utf8').catch(() => '');
-  return text.trimEnd().split('\n').slice(-lines).join('\n');
 }
 
 async function main(): Promise<void> {
