@@ -56,8 +56,12 @@ test.serial('a create the backend cannot complete fails cleanly, leaving nothing
   const busybox = await store.get('busybox');
   await store.putManifest({ ...busybox!, name: 'broken-init', init: ['/no/such/init'] });
   t.teardown(() => store.removeManifest('broken-init'));
-  // Wait for a heartbeat to announce the new image.
-  await new Promise((r) => setTimeout(r, 1200));
+  // Wait for every node's heartbeat to announce the new image (seconds on a loaded host).
+  for (let i = 0; i < 100; i++) {
+    const nodes = await pdk.nodes.list();
+    if (nodes.length === cluster.nodes.length && nodes.every((n) => n.images.includes('broken-init'))) break;
+    await new Promise((r) => setTimeout(r, 100));
+  }
   const err = await t.throwsAsync(pdk.sandboxes.create({ image: 'broken-init' }), { instanceOf: BackendError });
   t.is(err?.code, 'BACKEND_FAILED');
   t.regex(err?.message ?? '', /no\/such\/init|crun/);
