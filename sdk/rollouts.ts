@@ -35,7 +35,7 @@ import {
 } from '../chronus/record.ts';
 import { Buckets, encode, type FilesWriteReply, isToken, Limits, type SandboxSpec } from '../protocol/index.ts';
 import { AlreadyExistsError, CancelledError, errorFromWire, InvalidRequestError, NotFoundError, PaddockError, ReplayMismatchError, StepError, UnavailableError } from './errors.ts';
-import { type ExecOptions, type ExecResult, execBody, type Sandbox } from './sandbox.ts';
+import { type ExecOptions, type ExecResult, execBody, type Sandbox, toExecResult } from './sandbox.ts';
 import type { CallOptions, Transport } from './transport.ts';
 
 export interface RolloutStartOptions extends CallOptions {
@@ -81,7 +81,6 @@ export interface SandboxSource {
   get(id: string, opts?: CallOptions): Promise<Sandbox>;
 }
 
-const utf8 = new TextDecoder();
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 /** After a running step's deadline, how long to keep asking before taking the node's last word. */
 const CONFLICT_SLACK_MS = 2000;
@@ -288,20 +287,7 @@ export class Rollout {
     const body = execBody(cmd, opts);
     const rec = this.fromLog(step, 'exec', body, describeExec(body.cmd));
     if (rec?.op === 'exec' && rec.outcome.ok) {
-      const r = rec.outcome.result;
-      const out: StepExecResult = {
-        step,
-        replayed: true,
-        verdict: r.verdict,
-        exitCode: r.exitCode,
-        stdout: utf8.decode(r.stdout),
-        stderr: utf8.decode(r.stderr),
-        durationMs: r.durationMs,
-        truncated: r.truncated,
-        timedOut: r.timedOut,
-      };
-      if (r.signal) out.signal = r.signal;
-      return out;
+      return { ...toExecResult(rec.outcome.result), step, replayed: true };
     }
     const r = await this.viaNode(() => this.sandbox.exec(cmd, { ...opts, rolloutId: this.rolloutId, step }), opts.signal);
     return { ...r, step, replayed: r.replayed === true };

@@ -73,6 +73,22 @@ export function execBody(cmd: string | string[], opts: ExecOptions) {
   };
 }
 
+/** @internal A wire exec result as the SDK hands it out: text decoded, optional fields only when set. */
+export function toExecResult(r: WireExecResult): ExecResult {
+  const out: ExecResult = {
+    verdict: r.verdict ?? 'OK',
+    exitCode: r.exitCode,
+    stdout: utf8.decode(r.stdout),
+    stderr: utf8.decode(r.stderr),
+    durationMs: r.durationMs,
+    truncated: r.truncated,
+    timedOut: r.timedOut,
+  };
+  if (r.signal) out.signal = r.signal;
+  if (r.replayed) out.replayed = true;
+  return out;
+}
+
 export class Sandbox {
   readonly files: SandboxFiles;
   readonly network: SandboxNetwork;
@@ -119,19 +135,7 @@ export class Sandbox {
   /** Runs a command (an argv array, or a string for `/bin/sh -c`) to completion. */
   async exec(cmd: string | string[], opts: ExecOptions = {}): Promise<ExecResult> {
     const body = execBody(cmd, opts);
-    const r = await this.call<WireExecResult>('exec', body, { timeoutMs: body.timeoutMs + REPLY_MARGIN_MS, signal: opts.signal });
-    const out: ExecResult = {
-      verdict: r.verdict ?? 'OK',
-      exitCode: r.exitCode,
-      stdout: utf8.decode(r.stdout),
-      stderr: utf8.decode(r.stderr),
-      durationMs: r.durationMs,
-      truncated: r.truncated,
-      timedOut: r.timedOut,
-    };
-    if (r.signal) out.signal = r.signal;
-    if (r.replayed) out.replayed = true;
-    return out;
+    return toExecResult(await this.call<WireExecResult>('exec', body, { timeoutMs: body.timeoutMs + REPLY_MARGIN_MS, signal: opts.signal }));
   }
 
   /**

@@ -29,7 +29,7 @@ import { BUSYBOX_IMAGE } from '../../runtime/images/busybox.ts';
 import { type ImageManifest, ImageStore } from '../../runtime/images/store.ts';
 import { Paddock, PaddockError, type Sandbox } from '../../sdk/index.ts';
 import { type LocalCluster, startLocalCluster } from '../local.ts';
-import { fmt, progress, removeCgroup, removeHiddenUnified, table, tailOf } from './harness.ts';
+import { cleanUp, cleanUpOnSignals, fmt, onCleanup, progress, removeCgroup, removeHiddenUnified, table, tailOf, UsageError } from './harness.ts';
 import { round3, type Summary, summarize } from './stats.ts';
 
 const DEFAULT_N = 50;
@@ -56,11 +56,6 @@ interface Options {
 
 const USAGE = 'usage: spine.ts [--n N] [--json] [--node-defaults]';
 
-/** A mistake in how the benchmark was asked to run: reported without a stack trace. */
-class UsageError extends Error {
-  override name = 'UsageError';
-}
-
 function parseArgs(argv: readonly string[]): Options {
   const o: Options = { n: DEFAULT_N, json: false, nodeDefaults: false };
   for (let i = 0; i < argv.length; i++) {
@@ -80,18 +75,6 @@ function parseArgs(argv: readonly string[]): Options {
   return o;
 }
 
-
-/** Cleanups run once, last registered first, whether the run ends normally, fails or is interrupted. */
-const cleanups: Array<{ what: string; fn: () => Promise<void> }> = [];
-let cleaning: Promise<void> | undefined;
-function cleanUp(): Promise<void> {
-  cleaning ??= (async () => {
-    for (let c = cleanups.pop(); c; c = cleanups.pop()) {
-      await c.fn().catch((err: unknown) => progress(`cleanup (${c?.what}) failed: ${(err as Error).message}`));
-    }
-  })();
-  return cleaning;
-}
 
 // ─── Floor ──────────────────────────────────────────────────────────────────────────────────────
 
@@ -228,15 +211,12 @@ async function runFloor(o: { n: number; execs: number; image: ImageManifest; sto
   const dir = await mkdtemp(join(tmpdir(), 'paddock-bench-floor-'));
   // The containers' root is an unprivileged uid (user namespace): crun must be able to reach the bundles.
   await chmod(dir, 0o711);
-  cleanups.push({ what: 'floor files', fn: () => rm(dir, { recursive: true, force: true }) });
-  cleanups.push({
-    what: 'floor cgroups',
-    fn: async () => {
+  onCleanup('floor files', () => rm(dir, { recursive: true, force: true }));
+  onCleanup('floor cgroups', async () => {
       await removeCgroup(FLOOR_CGROUP);
       // The script's private tmpfs should have taken these; make sure.
       const hidden = await removeHiddenUnified(FLOOR_CGROUP);
       if (hidden > 0) progress(`floor: removed ${hidden} stray cgroup.procs entries under unified/${FLOOR_CGROUP}`);
-    },
   });
   const host = detectCgroups();
   // What the node sees from inside its namespace: hybrid becomes plain v1 once `unified` is gone.
@@ -266,7 +246,7 @@ async function runFloor(o: { n: number; execs: number; image: ImageManifest; sto
   const stop = async () => {
     if (child.exitCode === null && child.signalCode === null) child.kill('SIGTERM');
   };
-  cleanups.push({ what: 'floor script', fn: stop });
+  onCleanup('floor script', stop);
   let stdout = '';
   let stderr = '';
   child.stdout.on('data', (d: Buffer) => {
@@ -445,21 +425,14 @@ function nodeEnv(o: Options, need: number): { env: Record<string, string>; slots
 async function main(): Promise<void> {
   const o = parseArgs(process.argv.slice(2));
   const execs = Math.max(o.n, MIN_EXEC_SAMPLES);
-  let interrupted = false;
-  for (const sig of ['SIGINT', 'SIGTERM'] as const) {
-    process.once(sig, () => {
-      interrupted = true;
-      progress(`${sig}: cleaning up`);
-      void cleanUp().finally(() => process.exit(130));
-    });
-  }
+  const interrupted = cleanUpOnSignals();
 
   const { env, slots, note } = nodeEnv(o, Math.max(o.n, CONCURRENT));
   // The N sandboxes live at once; more than the node admits would end the run half-way.
   if (o.n > slots) throw new UsageError(`--n ${o.n}: the node admits only ${slots} default sandboxes with its default limits`);
   const imagesDir = process.env.PADDOCK_IMAGES_DIR || '/var/lib/paddock/images';
   const home = await mkdtemp(join(tmpdir(), 'paddock-bench-'));
-  cleanups.push({ what: 'home', fn: () => rm(home, { recursive: true, force: true }) });
+  onCleanup('home', () => rm(home, { recursive: true, force: true }));
 
   let cluster: LocalCluster | undefined;
   let ok = false;
@@ -468,9 +441,7 @@ async function main(): Promise<void> {
     // A prefix of our own keeps this run's cgroups (/paddock/<node id>) apart from other clusters'.
     cluster = await startLocalCluster({ home, nodes: 1, prefix: `bench${process.pid}n`, imagesDir, env });
     const c = cluster;
-    cleanups.push({
-      what: 'cluster',
-      fn: async () => {
+    onCleanup('cluster', async () => {
         await c.stop();
         // A stopped node should leave no cgroup of its own; say so when it does, then tidy up.
         for (const node of c.nodes) {
@@ -479,11 +450,10 @@ async function main(): Promise<void> {
           const hidden = await removeHiddenUnified(`paddock/${node.id}`);
           if (hidden > 0) progress(`paddock left ${hidden} sandboxes' cgroup.procs files on /sys/fs/cgroup's tmpfs under unified/paddock/${node.id}, removed`);
         }
-      },
     });
     const pdk = await Paddock.connect({ servers: cluster.url });
     // Interrupted runs may find NATS already gone: nothing is left to close then.
-    cleanups.push({ what: 'sdk', fn: () => pdk.close().catch(() => {}) });
+    onCleanup('sdk', () => pdk.close().catch(() => {}));
 
     // The node built (or found) the busybox image at start: the floor mounts the very same blob.
     const store = new ImageStore(imagesDir);
@@ -503,7 +473,7 @@ async function main(): Promise<void> {
     ok = true;
   } finally {
     // A failure may be the node's: its last words help. An interrupt is not.
-    if (!ok && !interrupted && cluster) {
+    if (!ok && !interrupted() && cluster) {
       for (const node of cluster.nodes) {
         const tail = await tailOf(node.logFile, 20);
         if (tail) progress(`last lines of ${node.id}'s log:\n${tail}`);
