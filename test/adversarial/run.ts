@@ -16,7 +16,7 @@ const root = fileURLToPath(new URL('../..', import.meta.url));
 const ava = join(root, 'node_modules', '.bin', 'ava');
 
 const code = await new Promise<number>((resolve) => {
-  const p = spawn(ava, ['--concurrency=1', 'test/adversarial/**/*.test.ts', ...process.argv.slice(2)], { cwd: root, stdio: 'inherit', env: { ...process.env, PADDOCK_ADV_REPORT: report } });
+  const p = spawn(ava, process.argv.slice(2), { cwd: root, stdio: 'inherit', env: { ...process.env, PADDOCK_TEST_SET: 'adversarial', PADDOCK_ADV_REPORT: report } });
   p.on('exit', (c) => resolve(c ?? 1));
 });
 
