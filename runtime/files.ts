@@ -13,7 +13,7 @@
  * sandbox had made it; sizes are bounded by the chunk limit per call and the writable layer's size.
  */
 import { constants } from 'node:fs';
-import { type FileHandle, lstat, mkdir, open, readdir, readlink, rmdir, unlink } from 'node:fs/promises';
+import { type FileHandle, lstat, mkdir, open, readdir, readlink, rmdir, stat, unlink } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { FileEntry, FileType } from '../protocol/index.ts';
 import { Limits, ProtocolError } from '../protocol/index.ts';
@@ -86,9 +86,16 @@ function fail(e: unknown, path: string): never {
 const viaFd = (fd: number, name: string) => `/proc/self/fd/${fd}/${name}`;
 
 export class RootFiles {
+  /**
+   * `oneFilesystem`: never walk into a directory on another filesystem than the root's — a root
+   * reached through a process's /proc/<pid>/root has that process's /proc, /dev and /sys mounted
+   * in it, and the node is real root there. (overlayfs gives every directory its own device number,
+   * so the test is exact for the directories of a sandbox's root.)
+   */
   constructor(
     readonly root: string,
     private readonly owner?: Owner,
+    private readonly opts: { oneFilesystem?: boolean } = {},
   ) {}
 
   /** Step 1: the path's components as the sandbox would see them, symlinks expanded in-root. */
@@ -97,6 +104,7 @@ export class RootFiles {
     let queue = path.split('/').filter((c) => c !== '' && c !== '.');
     let links = 0;
     let missing = false;
+    const dev = this.opts.oneFilesystem ? (await stat(this.root)).dev : undefined;
     while (queue.length > 0) {
       const c = queue.shift() as string;
       if (c === '..') {
@@ -110,6 +118,7 @@ export class RootFiles {
           throw e;
         });
         if (st === null) missing = true;
+        else if (dev !== undefined && st.isDirectory() && st.dev !== dev) throw otherFilesystem(c);
         else if (st.isSymbolicLink()) {
           if (++links > MAX_LINKS) throw new ProtocolError('FORBIDDEN', `${path}: too many levels of symbolic links`);
           const target = await readlink(host);
@@ -127,6 +136,7 @@ export class RootFiles {
   private async openDir(parts: string[], create: boolean): Promise<FileHandle> {
     let cur = await open(this.root, O_RDONLY | O_DIRECTORY);
     try {
+      const dev = this.opts.oneFilesystem ? (await cur.stat()).dev : undefined;
       for (const c of parts) {
         const p = viaFd(cur.fd, c);
         let next: FileHandle;
@@ -146,6 +156,7 @@ export class RootFiles {
         }
         await cur.close();
         cur = next;
+        if (dev !== undefined && (await cur.stat()).dev !== dev) throw otherFilesystem(c);
       }
       return cur;
     } catch (e) {
@@ -253,22 +264,26 @@ export class RootFiles {
 
   async remove(path: string, recursive: boolean): Promise<void> {
     await this.withParent(path, false, false, async (dir, name) => {
-      await removeAt(dir, name, recursive);
+      await removeAt(dir, name, recursive, this.opts.oneFilesystem ? (await dir.stat()).dev : undefined);
     });
   }
 }
 
-async function removeAt(dir: FileHandle, name: string, recursive: boolean): Promise<void> {
+const otherFilesystem = (name: string) => new ProtocolError('FORBIDDEN', `${name}: a mount of the sandbox's (/proc, /dev, /sys), not its files`);
+
+/** `dev`: the only device whose directories may be entered (one-filesystem roots). */
+async function removeAt(dir: FileHandle, name: string, recursive: boolean, dev?: number): Promise<void> {
   const p = viaFd(dir.fd, name);
   const st = await lstat(p);
   if (!st.isDirectory()) {
     await unlink(p);
     return;
   }
+  if (dev !== undefined && st.dev !== dev) throw otherFilesystem(name);
   if (recursive) {
     const sub = await open(p, O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
     try {
-      for (const child of await readdir(`/proc/self/fd/${sub.fd}`)) await removeAt(sub, child, true);
+      for (const child of await readdir(`/proc/self/fd/${sub.fd}`)) await removeAt(sub, child, true, dev);
     } finally {
       await sub.close();
     }

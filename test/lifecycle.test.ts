@@ -1,4 +1,5 @@
 import { readFile, rm } from 'node:fs/promises';
+import { join } from 'node:path';
 import { connect } from '@nats-io/transport-node';
 import { decode, type SandboxInfo, subjects } from '../protocol/index.ts';
 import { run } from '../runtime/proc.ts';
@@ -28,9 +29,9 @@ test('pause freezes the processes and keeps them; resume continues where they we
   t.is((await sb.pause()).state, 'paused');
   t.is((await readFile(cgroupFile(sb.info.node, sb.id, 'freezer', 'freezer.state'), 'utf8')).trim(), 'FROZEN');
   // Frozen: the ticker does not tick. (Read from the host side, which does not wake it.)
-  // The rootfs is mounted in the node's own mount namespace: reach it through the node's /proc/<pid>/root.
-  const node = t.context.cluster.nodes.find((n) => n.id === sb.info.node)!;
-  const ticks = `/proc/${node.proc.pid}/root${t.context.home}/nodes/${sb.info.node}/sandboxes/${sb.id}/rootfs/tmp/ticks`;
+  // The rootfs is mounted only in the sandbox's own mount namespace: reach it through its init's root.
+  const init = (await readFile(join(t.context.home, 'nodes', sb.info.node, 'sandboxes', sb.id, 'init.pid'), 'utf8')).trim();
+  const ticks = `/proc/${init}/root/tmp/ticks`;
   const before = (await readFile(ticks, 'utf8')).length;
   await sleep(300);
   const after = (await readFile(ticks, 'utf8')).length;

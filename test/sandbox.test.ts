@@ -1,5 +1,6 @@
 import { readFile } from 'node:fs/promises';
-import { InvalidRequestError, NotFoundError } from '../sdk/index.ts';
+import { join } from 'node:path';
+import { ForbiddenError, InvalidRequestError, NotFoundError } from '../sdk/index.ts';
 import { clusterTest } from './helpers/cluster.ts';
 
 const byString = (a: string, b: string) => a.localeCompare(b);
@@ -204,4 +205,29 @@ test('a sandbox past its ttl is killed and says so', async (t) => {
   t.is(info.reason, 'ttl');
   const err = await t.throwsAsync(sb.exec(['true']), { instanceOf: NotFoundError });
   t.regex(err?.message ?? '', /ttl/);
+});
+
+test('a sandbox mounts its root in namespaces of its own: the node mount table does not grow, the files API stays on the root', async (t) => {
+  const { pdk, cluster, home } = t.context;
+  const sb = await pdk.sandboxes.create({ diskMiB: 32 });
+  t.teardown(() => sb.kill());
+  const node = cluster.nodes.find((n) => n.id === sb.info.node);
+  const nodeMounts = await readFile(`/proc/${node?.proc.pid}/mountinfo`, 'utf8');
+  t.false(nodeMounts.includes(sb.id), 'neither the overlay nor the writable layer is in the node\'s namespace');
+  const init = (await readFile(join(home, 'nodes', sb.info.node, 'sandboxes', sb.id, 'init.pid'), 'utf8')).trim();
+  const own = await readFile(`/proc/${init}/mountinfo`, 'utf8');
+  t.regex(own, /^\S+ \S+ \S+ \S+ \/ \S+.* - overlay /m, 'the container\'s / is the overlay');
+  // The writable layer's size is what the sandbox sees at /.
+  t.regex((await sb.exec(['sh', '-c', "df -k / | tail -1 | awk '{print $2}'"])).stdout, /^3\d{4}\n$/);
+  // Through the init's root the container's /proc, /dev and /sys are mounted: the files API never goes there.
+  await sb.exec(['sh', '-c', 'ln -s /proc/1 /tmp/p1']);
+  for (const path of ['/proc/1/environ', '/tmp/p1/environ', '/dev/null', '/sys/kernel/hostname']) {
+    await t.throwsAsync(sb.files.read(path), { instanceOf: ForbiddenError }, path);
+  }
+  await t.throwsAsync(sb.files.write('/proc/1/oom_score_adj', Buffer.from('-1000')), { instanceOf: ForbiddenError });
+  await t.throwsAsync(sb.files.remove('/dev', { recursive: true }), { instanceOf: ForbiddenError });
+  t.is((await sb.exec(['ls', '/dev/null'])).exitCode, 0);
+  // And ordinary files work as before.
+  await sb.files.write('/work/a/b.txt', 'fine');
+  t.is(await sb.files.readText('/work/a/b.txt'), 'fine');
 });

@@ -10,7 +10,6 @@ import { join } from 'node:path';
 import { promisify } from 'node:util';
 import test from 'ava';
 import { isMountPoint } from '../runtime/cgroups.ts';
-import { CleanMountNs } from '../runtime/container/clean-ns.ts';
 import { coreSchedulingAvailable, schedCoreInConfig } from '../runtime/qos.ts';
 
 const sh = promisify(execFile);
@@ -29,28 +28,6 @@ test('isMountPoint tells a mount from a plain directory, and a missing path is n
   await sh('umount', [target]);
   t.false(await isMountPoint(target));
   t.false(await isMountPoint(join(dir, 'missing')));
-});
-
-test('the exec namespace keeps the mounts it started with and none made after', async (t) => {
-  const ns = new CleanMountNs();
-  ns.start();
-  t.teardown(() => ns.stop());
-  const dir = await mkdtemp(join(tmpdir(), 'paddock-ns-'));
-  const target = join(dir, 'later');
-  await mkdir(target);
-  t.teardown(async () => {
-    await sh('umount', [target]).catch(() => {});
-    await rm(dir, { recursive: true, force: true });
-  });
-  t.true(await ns.ready());
-  await sh('mount', ['-t', 'tmpfs', '-o', 'size=1m', 'paddock-test', target]);
-  const prefix = ns.prefix();
-  t.is(prefix[0], 'nsenter');
-  const seen = await sh(prefix[0] as string, [...prefix.slice(1), 'cat', '/proc/self/mountinfo']);
-  t.false(seen.stdout.includes(` ${target} `), 'a mount made after the copy is not in the namespace');
-  t.true(seen.stdout.includes(' /proc '), 'the base mounts are');
-  ns.stop();
-  t.deepEqual(ns.prefix(), [], 'without a holder, commands start where they always did');
 });
 
 test('core scheduling: read from the kernel config, and never claimed without the kernel option', async (t) => {

@@ -1,14 +1,17 @@
 /**
  * The container backend: crun over a root filesystem composed with OverlayFS from read-only EROFS
  * layers (mounted once per node and shared by all its sandboxes, straight from the layer file
- * through mount(2), no loop device) and a per-sandbox writable layer. No daemon, socket or Paddock file goes inside: exec is `crun exec`, files are reached from
- * the host side through the overlay.
+ * through mount(2), no loop device) and a per-sandbox writable layer. No daemon, socket or Paddock
+ * file goes inside: exec is `crun exec`, files are reached from the host side through the init's
+ * /proc/<pid>/root. The writable layer and the overlay are mounted in a mount namespace of the
+ * sandbox's own (hardening.ts): the node's mount table stays the same size at any density.
  *
  * Layout under the node directory:
  *   crun/                    crun's state (--root)
  *   layers/<hex>/            one read-only mount per EROFS layer in use
  *   layers/<hex>.ids/        its idmapped view, owned by the sandboxes' unprivileged root
- *   sandboxes/<id>/          bundle: config.json, disk/ (tmpfs: upper/, work/), rootfs/ (the overlay), crun.err
+ *   sandboxes/<id>/          bundle: config.json, init.pid, crun.err, and disk/ (tmpfs: upper/, work/)
+ *                            and rootfs/ (the overlay), mounted only in the sandbox's namespaces
  */
 import { spawn } from 'node:child_process';
 import { closeSync, openSync } from 'node:fs';
@@ -16,13 +19,12 @@ import { mkdir, readdir, readFile, rm, rmdir, writeFile } from 'node:fs/promises
 import { join } from 'node:path';
 import { Limits, type NetworkPolicy, ProtocolError, type SandboxSpec } from '../../protocol/index.ts';
 import type { Backend, ExecOptions, ExecOutcome } from '../backend.ts';
-import { type CgroupMode, cgroupDir, detectCgroups, isMountPoint, v1Hierarchies } from '../cgroups.ts';
+import { type CgroupMode, cgroupDir, detectCgroups, v1Hierarchies } from '../cgroups.ts';
 import { RootFiles } from '../files.ts';
 import type { LayerManager } from '../images/layers.ts';
 import { waitExecuted } from '../images/started.ts';
 import type { ImageManifest, LayerRef } from '../images/store.ts';
 import { run } from '../proc.ts';
-import { CleanMountNs } from './clean-ns.ts';
 import { execInContainer } from './exec.ts';
 import { Egress } from '../network/egress.ts';
 import { Hardening } from './hardening.ts';
@@ -55,12 +57,11 @@ export class ContainerBackend implements Backend {
   private readonly hierarchies: string[];
   /**
    * Per sandbox: its base environment (`crun exec --env` replaces the config's, so we pass it
-   * whole) and whether its processes run under SCHED_IDLE (best-effort QoS).
+   * whole), whether its processes run under SCHED_IDLE (best-effort QoS), and its init's pid (the
+   * way into its root filesystem, which is mounted only in its own namespaces).
    */
-  private readonly procs = new Map<string, { env: Record<string, string>; idle: boolean; cwd: string }>();
+  private readonly procs = new Map<string, { env: Record<string, string>; idle: boolean; cwd: string; pid?: number }>();
   private readonly sleeper: CgroupSleep;
-  /** Where `crun exec` starts: a mount namespace without the sandboxes' mounts (clean-ns.ts). */
-  private readonly execNs = new CleanMountNs();
   /** User-namespace layers, the bounded writable layer, CPU pinning, lxcfs. */
   private readonly hardening: Hardening;
   private readonly egress: Egress;
@@ -97,8 +98,6 @@ export class ContainerBackend implements Backend {
 
   async init(): Promise<void> {
     for (const d of [this.crunRoot, this.layersDir, this.sandboxesDir]) await mkdir(d, { recursive: true });
-    this.execNs.start();
-    await this.execNs.ready();
     await this.hardening.traversable(this.sandboxesDir);
     if (!this.hardening.lxcfs) await this.hardening.startLxcfs();
   }
@@ -121,20 +120,21 @@ export class ContainerBackend implements Backend {
     const started = Date.now();
     try {
       await mkdir(dir);
-      await mkdir(join(dir, 'rootfs'));
+      await mkdir(rootfs);
       const lowers = await Promise.all(image.layers.map((l) => this.layer(id, l).then((m) => this.hardening.layer(m))));
-      // overlayfs lists the top layer first; manifests list the bottom first.
-      await this.hardening.rootfs(dir, spec.diskMiB ?? Limits.diskMiB.default, lowers.reverse(), rootfs);
       const cpus = this.hardening.pin(id, spec.cpu);
       const config = ociConfig({ spec, image, rootfs, cgroupsPath: this.cgroupPath(id), cgroupMode: this.cgroupMode, cpus, lxcfs: this.hardening.lxcfs });
       extra?.oci?.(config);
       const quota = deferCpuQuota(config);
       await writeFile(join(dir, 'config.json'), JSON.stringify(config));
       const env = Object.fromEntries(baseEnv(image, spec).map((kv) => [kv.slice(0, kv.indexOf('=')), kv.slice(kv.indexOf('=') + 1)]));
-      this.procs.set(id, { env, idle: spec.qos === 'be', cwd: spec.cwd ?? image.cwd });
-      await this.crunRun(id, dir, spec.qos === 'be');
+      const proc: { env: Record<string, string>; idle: boolean; cwd: string; pid?: number } = { env, idle: spec.qos === 'be', cwd: spec.cwd ?? image.cwd };
+      this.procs.set(id, proc);
+      // overlayfs lists the top layer first; manifests list the bottom first.
+      await this.crunRun(id, dir, spec.qos === 'be', (crun) => this.hardening.ownMountsThen(dir, spec.diskMiB ?? Limits.diskMiB.default, lowers.reverse(), rootfs, crun));
       // Lazily loaded layers can make the init's execve slow; exec cannot join it before it ends.
-      await waitExecuted({ pidFile: join(dir, 'init.pid'), init: image.init });
+      proc.pid = await waitExecuted({ pidFile: join(dir, 'init.pid'), init: image.init });
+      if (proc.pid === undefined) throw new ProtocolError('BACKEND_FAILED', 'crun run left no init pid');
       if (spec.network) await this.setNetwork(id, spec.network);
       if (quota) await this.setCpuQuota(id, quota);
     } catch (e) {
@@ -157,21 +157,22 @@ export class ContainerBackend implements Backend {
     return idle ? ['chrt', ['--idle', '0', this.crun, ...args]] : [this.crun, args];
   }
 
-  private async crunRun(id: string, dir: string, idle: boolean): Promise<void> {
+  private async crunRun(id: string, dir: string, idle: boolean, wrap: (crun: string[]) => { cmd: string; args: string[]; env: Record<string, string> }): Promise<void> {
     // The container's init inherits crun's stdio and keeps it open for its whole life, so crun's
     // stderr goes to a file rather than a pipe we would wait on forever.
     const errFile = join(dir, 'crun.err');
     const fd = openSync(errFile, 'w');
     try {
       const code = await new Promise<number>((resolve, reject) => {
-        const [cmd, args] = this.crunCmd(['--root', this.crunRoot, 'run', '-d', '--pid-file', join(dir, 'init.pid'), '--bundle', dir, id], idle);
-        const child = spawn(cmd, args, { stdio: ['ignore', 'ignore', fd] });
+        const [crun, crunArgs] = this.crunCmd(['--root', this.crunRoot, 'run', '-d', '--pid-file', join(dir, 'init.pid'), '--bundle', dir, id], idle);
+        const { cmd, args, env } = wrap([crun, ...crunArgs]);
+        const child = spawn(cmd, args, { stdio: ['ignore', 'ignore', fd], env });
         child.on('error', reject);
         child.on('exit', (c) => resolve(c ?? 1));
       });
       if (code !== 0) {
         const msg = (await readFile(errFile, 'utf8').catch(() => '')).trim();
-        throw new ProtocolError('BACKEND_FAILED', `crun run: ${msg || `exit ${code}`}`);
+        throw new ProtocolError('BACKEND_FAILED', `start: ${msg || `exit ${code}`}`);
       }
     } finally {
       closeSync(fd);
@@ -185,9 +186,9 @@ export class ContainerBackend implements Backend {
     const [crunBin, crunPrefix] = this.crunCmd([], p?.idle ?? false);
     // `crun exec` gives the process the node's own rlimits, not the config's: set them here.
     const crun = 'prlimit';
-    const prefix = [...EXEC_RLIMITS, '--', ...this.execNs.prefix(), crunBin, ...crunPrefix];
+    const prefix = [...EXEC_RLIMITS, '--', crunBin, ...crunPrefix];
     const watch = new LimitWatch(this.cgroupMode, this.cgroupPath(id));
-    return judged(watch, this.hardening.diskOf(this.dir(id)), opts.signal, (signal) => execInContainer({ crun, prefix, root: this.crunRoot, id, pidFile }, { ...opts, cwd: opts.cwd ?? p?.cwd, env, signal }));
+    return judged(watch, this.rootOf(id), opts.signal, (signal) => execInContainer({ crun, prefix, root: this.crunRoot, id, pidFile }, { ...opts, cwd: opts.cwd ?? p?.cwd, env, signal }));
   }
 
   pause(id: string): Promise<void> {
@@ -235,7 +236,16 @@ export class ContainerBackend implements Backend {
   }
 
   files(id: string): RootFiles {
-    return new RootFiles(join(this.dir(id), 'rootfs'), { uid: this.hardening.ids.hostId, gid: this.hardening.ids.hostId });
+    // The root's own filesystem only: through the init's root, the container's /proc, /dev and /sys
+    // are mounted too, and the node is real root.
+    return new RootFiles(this.rootOf(id), { uid: this.hardening.ids.hostId, gid: this.hardening.ids.hostId }, { oneFilesystem: true });
+  }
+
+  /** The sandbox's `/` as its init sees it (overlayfs reports the writable layer's free space there too). */
+  private rootOf(id: string): string {
+    const pid = this.procs.get(id)?.pid;
+    if (pid === undefined) throw new ProtocolError('INVALID_STATE', `sandbox ${id} has no running init`);
+    return `/proc/${pid}/root`;
   }
 
   async destroy(id: string): Promise<void> {
@@ -250,12 +260,7 @@ export class ContainerBackend implements Backend {
       throw new ProtocolError('BACKEND_FAILED', `crun delete ${id}: ${del.stderr.trim()}`);
     }
     await this.removeCgroup(this.cgroupPath(id));
-    const rootfs = join(dir, 'rootfs');
-    if (await isMountPoint(rootfs)) {
-      const u = await run('umount', [rootfs], { allowFail: true });
-      if (u.code !== 0) await run('umount', ['-l', rootfs]);
-    }
-    await this.hardening.removeWritable(dir);
+    // The overlay and the writable layer went with the container's mount namespace.
     this.hardening.unpin(id);
     for (const ref of this.layersOf.get(id) ?? []) this.opts.layers.release(ref);
     this.layersOf.delete(id);
@@ -316,7 +321,6 @@ export class ContainerBackend implements Backend {
   }
 
   async close(): Promise<void> {
-    this.execNs.stop();
     await this.egress.close();
     await this.hardening.close();
     // The layers themselves are unmounted by their LayerManager, which the node closes after this.

@@ -8,16 +8,19 @@
 import { readFile } from 'node:fs/promises';
 import { basename } from 'node:path';
 
-/** `pidFile`: what `crun run --pid-file` wrote (reading it saves a `crun state` spawn per create). */
-export async function waitExecuted(o: { pidFile: string; init: string[]; timeoutMs?: number }): Promise<void> {
+/**
+ * `pidFile`: what `crun run --pid-file` wrote (reading it saves a `crun state` spawn per create).
+ * Resolves with the init's pid, or undefined when there is none to read.
+ */
+export async function waitExecuted(o: { pidFile: string; init: string[]; timeoutMs?: number }): Promise<number | undefined> {
   const pid = Number.parseInt((await readFile(o.pidFile, 'utf8').catch(() => '')).trim(), 10);
-  if (!(pid > 1)) return;
+  if (!(pid > 1)) return undefined;
   const want = basename(o.init[0] ?? '').slice(0, 15);
   const deadline = Date.now() + (o.timeoutMs ?? 60_000);
   for (let delay = 2; ; delay = Math.min(delay * 2, 50)) {
     const comm = (await readFile(`/proc/${pid}/comm`, 'utf8').catch(() => null))?.trim();
     // Gone (the init failed: crun's error says why elsewhere) or renamed: either way, done waiting.
-    if (comm === undefined || comm === want || Date.now() > deadline) return;
+    if (comm === undefined || comm === want || Date.now() > deadline) return pid;
     await new Promise((r) => setTimeout(r, delay));
   }
 }
