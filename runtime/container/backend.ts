@@ -19,7 +19,8 @@ import { mkdir, readdir, readFile, rm, rmdir, writeFile } from 'node:fs/promises
 import { join } from 'node:path';
 import { Limits, type NetworkPolicy, ProtocolError, type SandboxSpec } from '../../protocol/index.ts';
 import type { Backend, ExecOptions, ExecOutcome } from '../backend.ts';
-import { type CgroupMode, cgroupDir, detectCgroups, v1Hierarchies } from '../cgroups.ts';
+import { type CgroupMode, cgroupDir, detectCgroups, favorDynamicCgroups, v1Hierarchies } from '../cgroups.ts';
+import { NS_MARK } from '../launch.ts';
 import { RootFiles } from '../files.ts';
 import type { LayerManager } from '../images/layers.ts';
 import { waitExecuted } from '../images/started.ts';
@@ -54,6 +55,8 @@ export class ContainerBackend implements Backend {
   /** Layers each sandbox holds, released when it is destroyed. */
   private readonly layersOf = new Map<string, LayerRef[]>();
   private execSeq = 0;
+  /** Whether cgroup migrations skip their RCU wait (cgroups.ts favorDynamicCgroups). */
+  dynamicCgroups = false;
   private readonly hierarchies: string[];
   /**
    * Per sandbox: its base environment (`crun exec --env` replaces the config's, so we pass it
@@ -98,6 +101,8 @@ export class ContainerBackend implements Backend {
 
   async init(): Promise<void> {
     for (const d of [this.crunRoot, this.layersDir, this.sandboxesDir]) await mkdir(d, { recursive: true });
+    // Only inside the node's own mount namespace (launch.ts), where the mount ends with the node.
+    if (process.env[NS_MARK] && this.cgroupMode !== 'v2' && !this.dynamicCgroups) this.dynamicCgroups = await favorDynamicCgroups(join(this.opts.nodeDir, 'cgroup-favordynmods'));
     await this.hardening.traversable(this.sandboxesDir);
     if (!this.hardening.lxcfs) await this.hardening.startLxcfs();
   }
