@@ -113,6 +113,9 @@ interface Window {
   nodeRssBytes: number;
   /** Node CPU (itself + reaped children: mount, crun) per create in the window. */
   nodeCpuMsPerCreate: number;
+  /** Of which the node process itself (its JavaScript, libuv, V8), and its reaped children (mount, crun). */
+  nodeSelfCpuMsPerCreate: number;
+  nodeChildrenCpuMsPerCreate: number;
   /** CPU charged to the sandboxes' cgroups per create: crun's setup inside the container, then init. */
   sandboxCpuMsPerCreate: number;
   /** CPU of the host's pid 1 per create: it reaps every container init that crun leaves orphaned. */
@@ -156,13 +159,15 @@ async function createAll(b: BenchCluster, o: Options, group: string): Promise<Cr
       p50Ms: summarize(latencies.slice(win.from)).p50,
       nodeRssBytes: await rssBytes(b.nodePid).catch(() => Number.NaN),
       nodeCpuMsPerCreate: ((cpu.self + cpu.children - win.cpu.self - win.cpu.children) * 1000) / count,
+      nodeSelfCpuMsPerCreate: ((cpu.self - win.cpu.self) * 1000) / count,
+      nodeChildrenCpuMsPerCreate: ((cpu.children - win.cpu.children) * 1000) / count,
       sandboxCpuMsPerCreate: ((sb - win.sb) * 1000) / count,
       initCpuMsPerCreate: ((init - win.init) * 1000) / count,
       hostBusyPct: (100 * (host.busy - win.host.busy)) / Math.max(1, host.total - win.host.total),
     };
     windows.push(w);
     progress(
-      `created ${w.upTo}/${o.n}: ${w.perSec.toFixed(1)}/s, p50 ${w.p50Ms.toFixed(1)} ms, node ${(w.nodeRssBytes / 2 ** 20).toFixed(0)} MiB RSS; CPU-ms per create: node ${w.nodeCpuMsPerCreate.toFixed(1)}, sandbox ${w.sandboxCpuMsPerCreate.toFixed(1)}, pid 1 ${w.initCpuMsPerCreate.toFixed(1)}; host ${w.hostBusyPct.toFixed(0)}% busy`,
+      `created ${w.upTo}/${o.n}: ${w.perSec.toFixed(1)}/s, p50 ${w.p50Ms.toFixed(1)} ms, node ${(w.nodeRssBytes / 2 ** 20).toFixed(0)} MiB RSS; CPU-ms per create: node ${w.nodeCpuMsPerCreate.toFixed(1)} (self ${w.nodeSelfCpuMsPerCreate.toFixed(1)} + children ${w.nodeChildrenCpuMsPerCreate.toFixed(1)}), sandbox ${w.sandboxCpuMsPerCreate.toFixed(1)}, pid 1 ${w.initCpuMsPerCreate.toFixed(1)}; host ${w.hostBusyPct.toFixed(0)}% busy`,
     );
     win = { t: now, cpu, sb, init, host, from: latencies.length };
   };
@@ -340,13 +345,15 @@ function humanReport(r: Result): string {
     [`group kill (${live}), until none left`, `${fmt(r.kill.goneMs ?? r.kill.ms, 0)} ms`, '—', r.kill.reply.ok === live ? 'ok' : 'FAIL'],
   ];
   const trend = table([
-    ['creates up to', 'per s', 'p50 ms', 'node RSS MiB', 'CPU-ms/create: node', 'sandbox', 'pid 1', 'host busy %'],
+    ['creates up to', 'per s', 'p50 ms', 'node RSS MiB', 'CPU-ms/create: node', 'node self', 'node children', 'sandbox', 'pid 1', 'host busy %'],
     ...r.create.windows.map((w) => [
       String(w.upTo),
       fmt(w.perSec, 1),
       fmt(w.p50Ms, 1),
       fmt(w.nodeRssBytes / MiB, 0),
       fmt(w.nodeCpuMsPerCreate, 1),
+      fmt(w.nodeSelfCpuMsPerCreate, 1),
+      fmt(w.nodeChildrenCpuMsPerCreate, 1),
       fmt(w.sandboxCpuMsPerCreate, 1),
       fmt(w.initCpuMsPerCreate, 1),
       fmt(w.hostBusyPct, 0),
@@ -371,7 +378,7 @@ function humanReport(r: Result): string {
     '',
     `create: ${live} live in ${fmt(r.create.wallMs / 1000, 1)} s; latency p50 ${fmt(createS.p50, 1)} / p95 ${fmt(createS.p95, 1)} / p99 ${fmt(createS.p99, 1)} ms${errs.length ? `; errors ${errs.join(', ')} — ${r.create.firstError}` : ''}`,
     trend,
-    `create CPU: node ${fmt(avg((w) => w.nodeCpuMsPerCreate), 1)} + sandbox ${fmt(avg((w) => w.sandboxCpuMsPerCreate), 1)} ms per create on average${last ? ` (${fmt(last.nodeCpuMsPerCreate, 1)} + ${fmt(last.sandboxCpuMsPerCreate, 1)} ms in the last window)` : ''}: ${cpus().length} otherwise idle cores would allow ~${fmt((cpus().length * 1000) / own, 0)} creates/s; pid 1 took ${fmt(avg((w) => w.initCpuMsPerCreate), 1)} ms per create more`,
+    `create CPU: node ${fmt(avg((w) => w.nodeCpuMsPerCreate), 1)} (self ${fmt(avg((w) => w.nodeSelfCpuMsPerCreate), 1)} + children ${fmt(avg((w) => w.nodeChildrenCpuMsPerCreate), 1)}) + sandbox ${fmt(avg((w) => w.sandboxCpuMsPerCreate), 1)} ms per create on average${last ? ` (${fmt(last.nodeCpuMsPerCreate, 1)} + ${fmt(last.sandboxCpuMsPerCreate, 1)} ms in the last window)` : ''}: ${cpus().length} otherwise idle cores would allow ~${fmt((cpus().length * 1000) / own, 0)} creates/s; pid 1 took ${fmt(avg((w) => w.initCpuMsPerCreate), 1)} ms per create more`,
     `supervisor RSS: ${fmt(r.rssBefore / MiB, 0)} MiB before the first create, ${fmt(r.rssAfter / MiB, 0)} MiB with ${live} live (${fmt((r.rssAfter - r.rssBefore) / Math.max(1, live) / 1024, 1)} KiB per sandbox)`,
     `node mount namespace: ${fmt(r.mountsPerSandbox, 2)} mounts per sandbox${r.unified ? `; private tmpfs at cgroup/unified: ${r.unified.files} files, ${fmt(r.unified.usedBytes / MiB, 1)} of ${fmt(r.unified.sizeBytes / MiB, 0)} MiB` : ''}`,
     `exec true: p50 ${fmt(execS.p50)} / p95 ${fmt(execS.p95)} / p99 ${fmt(execS.p99)} ms round-trip (${execS.n} samples); the node's crun exec p50 ${fmt(execNode.p50)} ms`,

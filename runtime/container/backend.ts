@@ -281,7 +281,7 @@ export class ContainerBackend implements Backend {
     }
     // On a hybrid host crun still enters each container into the `0::` hierarchy, which inside the
     // node's namespace is a private tmpfs (launch.ts): a directory and a 4 KiB cgroup.procs file per
-    // sandbox that crun never removes. Left there, ~4,000 creates fill the 16 MiB tmpfs and every
+    // sandbox that crun never removes. Left there, ~30,000 creates fill the 128 MiB tmpfs and every
     // create after fails with ENOSPC. (v1 here means no cgroup2 at `unified`: never a real cgroup.)
     if (this.cgroupMode === 'v1') await rm(join('/sys/fs/cgroup/unified', path), { recursive: true, force: true });
   }
