@@ -240,7 +240,7 @@ export class SandboxHost {
     // Every transition is also an event on NATS and a directory record: a line per sandbox per
     // transition at info would be the node's busiest log (3,200 per group pause). Failures stay loud.
     if (state === 'failed') this.log.warn({ state, reason, error }, 'sandbox transition');
-    else this.log.debug({ state, reason, error }, 'sandbox transition');
+    else if (this.deps.log.isLevelEnabled('debug')) this.log.debug({ state, reason, error }, 'sandbox transition');
     const record = encode(this.info);
     this.publishEvent(record);
     this.published = this.published.then(async () => {

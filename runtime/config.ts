@@ -110,6 +110,7 @@ export const ENV_DOC: Record<string, string> = {
   PADDOCK_FILES_WRITE_MIBPS: 'files.write bandwidth per sandbox after a 16 MiB burst (default 32)',
   PADDOCK_TRACES: 'console | otlp: export OpenTelemetry spans (OTLP endpoint from OTEL_EXPORTER_OTLP_ENDPOINT)',
   PADDOCK_LOG_LEVEL: 'pino level (default info)',
+  PADDOCK_CPU_PROFILE: 'directory: SIGUSR2 starts a V8 CPU profile of the node, a second SIGUSR2 writes it there',
 };
 
 function numEnv(env: NodeJS.ProcessEnv, name: string, dflt: number): number {

@@ -4,7 +4,7 @@
  */
 import { spawn } from 'node:child_process';
 import { createLogger } from '../ops/log.ts';
-import { setupTelemetry, shutdownTelemetry } from '../ops/telemetry.ts';
+import { profileOnSignal, setupTelemetry, shutdownTelemetry } from '../ops/telemetry.ts';
 import { loadConfig } from './config.ts';
 import { NS_MARK, nodeCommand } from './launch.ts';
 import { PaddockNode } from './node.ts';
@@ -20,6 +20,7 @@ async function main(): Promise<void> {
   const cfg = loadConfig();
   const log = createLogger('paddock-node', cfg.logLevel).child({ node: cfg.nodeId });
   setupTelemetry(`paddock-node`);
+  profileOnSignal(`node-${cfg.nodeId}`, log);
   const node = new PaddockNode(cfg, log);
   let stopping = false;
   const stop = async (sig: string) => {

@@ -14,6 +14,7 @@
  *   4. `pdk.groups.kill(g)`, and checks that nothing is left: no sandbox on the node, no cgroup, no
  *      mount, no bundle directory.
  * Progress goes to stderr; stdout carries the table and, with --json, one JSON object as its last line.
+ * `--cpu-profile DIR` has the node write a V8 CPU profile of the creates (step 1) into DIR.
  */
 import { readdir, readFile, statfs } from 'node:fs/promises';
 import { cpus, totalmem } from 'node:os';
@@ -47,7 +48,7 @@ import {
 } from './harness.ts';
 import { round3, summarize } from './stats.ts';
 
-const USAGE = 'usage: density.ts [--n N] [--concurrency C] [--execs E] [--cpu CORES] [--json]';
+const USAGE = 'usage: density.ts [--n N] [--concurrency C] [--execs E] [--cpu CORES] [--cpu-profile DIR] [--json]';
 /** What every sandbox asks for; `--cpu` overrides the CPU (its CFS quota is cpu × 100 ms per 100 ms). */
 const SPEC = { image: BUSYBOX_IMAGE, cpu: 0.01, memoryMiB: 16, ttlSec: 6 * 3600 } as const;
 /** Creates per progress line (and per window of the create-rate trend). */
@@ -65,6 +66,8 @@ interface Options {
   execs: number;
   cpu: number;
   json: boolean;
+  /** Where the node writes a V8 CPU profile of the create phase (PADDOCK_CPU_PROFILE). */
+  cpuProfile?: string;
 }
 
 function parseArgs(argv: readonly string[]): Options {
@@ -73,7 +76,11 @@ function parseArgs(argv: readonly string[]): Options {
     const a = argv[i] as string;
     const named = (name: string) => a === name || a.startsWith(`${name}=`);
     if (a === '--json') o.json = true;
-    else if (named('--n')) ({ value: o.n, next: i } = numberArg(argv, i, '--n', USAGE));
+    else if (a === '--cpu-profile' || a.startsWith('--cpu-profile=')) {
+      const dir = a === '--cpu-profile' ? argv[++i] : a.slice('--cpu-profile='.length);
+      if (!dir) throw new UsageError(`--cpu-profile: expected a directory\n${USAGE}`);
+      o.cpuProfile = dir;
+    } else if (named('--n')) ({ value: o.n, next: i } = numberArg(argv, i, '--n', USAGE));
     else if (named('--concurrency')) ({ value: o.concurrency, next: i } = numberArg(argv, i, '--concurrency', USAGE));
     else if (named('--execs')) ({ value: o.execs, next: i } = numberArg(argv, i, '--execs', USAGE));
     else if (named('--cpu')) ({ value: o.cpu, next: i } = numberArg(argv, i, '--cpu', USAGE, true));
@@ -407,6 +414,7 @@ async function main(): Promise<void> {
   const o = parseArgs(process.argv.slice(2));
   const interrupted = cleanUpOnSignals();
   const { env, note } = nodeEnv(o.n, o.cpu);
+  if (o.cpuProfile) env.PADDOCK_CPU_PROFILE = o.cpuProfile;
   let b: BenchCluster | undefined;
   let ok = false;
   try {
@@ -418,7 +426,13 @@ async function main(): Promise<void> {
     const rssBefore = await rssBytes(b.nodePid);
 
     progress(`creating ${o.n} sandboxes, ${o.concurrency} in flight (${note})`);
+    // SIGUSR2 starts and stops the node's profiler (ops/telemetry.ts): the creates and nothing else.
+    if (o.cpuProfile) process.kill(b.nodePid, 'SIGUSR2');
     const create = await createAll(b, o, group);
+    if (o.cpuProfile) {
+      process.kill(b.nodePid, 'SIGUSR2');
+      progress(`CPU profile of the node during the creates: ${o.cpuProfile}/node-${b.nodeId}-${b.nodePid}-0.cpuprofile`);
+    }
     const live = create.live;
     if (live.length === 0) throw new Error(`no sandbox could be created: ${create.firstError ?? 'unknown'}`);
     const createPerSec = live.length / (create.wallMs / 1000);
