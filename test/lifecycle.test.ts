@@ -1,11 +1,10 @@
 import { readFile, rm } from 'node:fs/promises';
-import { join } from 'node:path';
 import { connect } from '@nats-io/transport-node';
 import { decode, type SandboxInfo, subjects } from '../protocol/index.ts';
 import { run } from '../runtime/proc.ts';
 import { InvalidStateError } from '../sdk/index.ts';
 import type { ExecutionContext } from 'ava';
-import { clusterTest } from './helpers/cluster.ts';
+import { clusterTest, nodeRunPath } from './helpers/cluster.ts';
 
 const test = clusterTest({ nodes: 2 });
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
@@ -30,7 +29,8 @@ test('pause freezes the processes and keeps them; resume continues where they we
   t.is((await readFile(cgroupFile(sb.info.node, sb.id, 'freezer', 'freezer.state'), 'utf8')).trim(), 'FROZEN');
   // Frozen: the ticker does not tick. (Read from the host side, which does not wake it.)
   // The rootfs is mounted only in the sandbox's own mount namespace: reach it through its init's root.
-  const init = (await readFile(join(t.context.home, 'nodes', sb.info.node, 'sandboxes', sb.id, 'init.pid'), 'utf8')).trim();
+  const node = t.context.cluster.nodes.find((n) => n.id === sb.info.node)!;
+  const init = (await readFile(nodeRunPath(t.context.home, node, 'sandboxes', sb.id, 'init.pid'), 'utf8')).trim();
   const ticks = `/proc/${init}/root/tmp/ticks`;
   const before = (await readFile(ticks, 'utf8')).length;
   await sleep(300);

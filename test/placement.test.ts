@@ -1,8 +1,7 @@
 import { readdir, readFile } from 'node:fs/promises';
-import { join } from 'node:path';
 import { ImageStore } from '../runtime/images/store.ts';
 import { BackendError } from '../sdk/index.ts';
-import { clusterTest, SHARED_IMAGES } from './helpers/cluster.ts';
+import { clusterTest, nodeRunPath, SHARED_IMAGES } from './helpers/cluster.ts';
 
 const byString = (a: string, b: string) => a.localeCompare(b);
 const test = clusterTest({ nodes: 2 });
@@ -44,7 +43,7 @@ test.serial('50 sandboxes created concurrently all run, then all go', async (t) 
   t.is((await pdk.sandboxes.list({ labels: { burst: '50' } })).length, 0);
   // Nothing left behind on either node: bundles, cgroups, mounts.
   for (const n of cluster.nodes) {
-    t.deepEqual(await readdir(join(home, 'nodes', n.id, 'sandboxes')), []);
+    t.deepEqual(await readdir(nodeRunPath(home, n, 'sandboxes')), []);
     const mounts = await readFile(`/proc/${n.proc.pid}/mountinfo`, 'utf8');
     t.notRegex(mounts, /\/sandboxes\/sb-/);
   }
@@ -66,7 +65,7 @@ test.serial('a create the backend cannot complete fails cleanly, leaving nothing
   t.is(err?.code, 'BACKEND_FAILED');
   t.regex(err?.message ?? '', /no\/such\/init|crun/);
   for (const n of cluster.nodes) {
-    t.deepEqual(await readdir(join(home, 'nodes', n.id, 'sandboxes')), []);
+    t.deepEqual(await readdir(nodeRunPath(home, n, 'sandboxes')), []);
     const mounts = await readFile(`/proc/${n.proc.pid}/mountinfo`, 'utf8');
     t.notRegex(mounts, /\/sandboxes\/sb-/);
   }

@@ -4,7 +4,7 @@ import { join } from 'node:path';
 import test from 'ava';
 import { startNode } from '../ops/local.ts';
 import { run } from '../runtime/proc.ts';
-import { SHARED_IMAGES, startTestCluster, stopTestCluster } from './helpers/cluster.ts';
+import { nodeRunPath, SHARED_IMAGES, startTestCluster, stopTestCluster } from './helpers/cluster.ts';
 
 /** Running, not a zombie waiting for the host's init to reap it. */
 const alive = (pid: number) => {
@@ -46,19 +46,21 @@ test('a node killed with SIGKILL cleans up its leftovers when it starts again', 
   await Promise.all(sbs.map((s) => s.exec(['sh', '-c', 'sleep 1000 > /dev/null 2>&1 &'])));
   const pids = (await Promise.all(sbs.map((s) => cgroupPids(first.id, s.id)))).flat();
   t.true(pids.length >= 6, `pids: ${pids}`);
+  const crunRoot = nodeRunPath(home, first, 'crun');
+  t.is((await run('crun', ['--root', crunRoot, 'list', '-q'])).stdout.trim().split('\n').length, 3);
 
   first.proc.kill('SIGKILL');
   await first.exited;
-  // The containers outlive their node: these are the leftovers.
+  // The containers outlive their node: these are the leftovers. Its runtime state (bundles, crun's
+  // state) was a tmpfs in its mount namespace and went with it; their cgroups are what is left.
   t.true(pids.every(alive));
-  const crunRoot = join(home, 'nodes', first.id, 'crun');
-  t.is((await run('crun', ['--root', crunRoot, 'list', '-q'])).stdout.trim().split('\n').length, 3);
+  t.deepEqual(await readdir(join(home, 'nodes', first.id, 'run')), []);
 
   const again = await startNode({ natsUrl: cluster.url, home, id: first.id, imagesDir: SHARED_IMAGES, env: { PADDOCK_HEARTBEAT_MS: '500' } });
   cluster.nodes[0] = again;
   t.deepEqual(await survivors(pids), []);
-  t.is((await run('crun', ['--root', crunRoot, 'list', '-q'])).stdout.trim(), '');
-  t.deepEqual(await readdir(join(home, 'nodes', first.id, 'sandboxes')), []);
+  t.is((await run('crun', ['--root', nodeRunPath(home, again, 'crun'), 'list', '-q'])).stdout.trim(), '');
+  t.deepEqual(await readdir(nodeRunPath(home, again, 'sandboxes')), []);
   for (const s of sbs) {
     t.deepEqual(await cgroupPids(first.id, s.id), []);
     await t.throwsAsync(readdir(`/sys/fs/cgroup/memory/paddock/${first.id}/${s.id}`));
@@ -83,8 +85,11 @@ test('a clean stop kills every sandbox of the node', async (t) => {
   const sbs = await Promise.all([1, 2].map(() => pdk.sandboxes.create({})));
   const pids = (await Promise.all(sbs.map((s) => cgroupPids(node.id, s.id)))).flat();
   t.true(pids.length >= 2);
+  const bundles = nodeRunPath(home, node, 'sandboxes');
+  t.is((await readdir(bundles)).length, 2);
   await node.stop();
   t.deepEqual(await survivors(pids), []);
-  t.deepEqual(await readdir(join(home, 'nodes', node.id, 'sandboxes')), []);
+  // Nothing of the runtime state is left on the host's disk.
+  t.deepEqual(await readdir(join(home, 'nodes', node.id, 'run')), []);
   for (const s of sbs) t.is((await pdk.sandboxes.get(s.id)).info.state, 'stopped');
 });

@@ -1,7 +1,6 @@
 import { readFile } from 'node:fs/promises';
-import { join } from 'node:path';
 import { ForbiddenError, InvalidRequestError, NotFoundError } from '../sdk/index.ts';
-import { clusterTest } from './helpers/cluster.ts';
+import { clusterTest, nodeRunPath } from './helpers/cluster.ts';
 
 const byString = (a: string, b: string) => a.localeCompare(b);
 const test = clusterTest();
@@ -214,7 +213,7 @@ test('a sandbox mounts its root in namespaces of its own: the node mount table d
   const node = cluster.nodes.find((n) => n.id === sb.info.node);
   const nodeMounts = await readFile(`/proc/${node?.proc.pid}/mountinfo`, 'utf8');
   t.false(nodeMounts.includes(sb.id), 'neither the overlay nor the writable layer is in the node\'s namespace');
-  const init = (await readFile(join(home, 'nodes', sb.info.node, 'sandboxes', sb.id, 'init.pid'), 'utf8')).trim();
+  const init = (await readFile(nodeRunPath(home, node as NonNullable<typeof node>, 'sandboxes', sb.id, 'init.pid'), 'utf8')).trim();
   const own = await readFile(`/proc/${init}/mountinfo`, 'utf8');
   t.regex(own, /^\S+ \S+ \S+ \S+ \/ \S+.* - overlay /m, 'the container\'s / is the overlay');
   // The writable layer's size is what the sandbox sees at /.

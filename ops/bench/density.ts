@@ -298,12 +298,13 @@ async function unifiedUsage(nodePid: number): Promise<{ files: number; usedBytes
   return { files, usedBytes: (st.blocks - st.bfree) * st.bsize, sizeBytes: st.blocks * st.bsize };
 }
 
+/** The node's bundle directory, as the node sees it (a tmpfs in its own mount namespace). */
 function sandboxesDir(b: BenchCluster): string {
-  return join(b.home, 'nodes', b.nodeId, 'sandboxes');
+  return join(b.home, 'nodes', b.nodeId, 'run', 'sandboxes');
 }
 
 async function leftovers(b: BenchCluster): Promise<Leftovers> {
-  const bundles = await readdir(sandboxesDir(b)).catch(() => [] as string[]);
+  const bundles = await readdir(`/proc/${b.nodePid}/root${sandboxesDir(b)}`).catch(() => [] as string[]);
   return {
     nodeSandboxes: await nodeSandboxes(b),
     cgroups: (await childCgroups(`paddock/${b.nodeId}`)).size,

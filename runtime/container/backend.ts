@@ -7,19 +7,21 @@
  * sandbox's own (hardening.ts): the node's mount table stays the same size at any density.
  *
  * Layout under the node directory:
- *   crun/                    crun's state (--root)
  *   layers/<hex>/            one read-only mount per EROFS layer in use
  *   layers/<hex>.ids/        its idmapped view, owned by the sandboxes' unprivileged root
- *   sandboxes/<id>/          bundle: config.json, init.pid, crun.err, and disk/ (tmpfs: upper/, work/)
- *                            and rootfs/ (the overlay), mounted only in the sandbox's namespaces
+ *   run/                     a tmpfs in the node's own mount namespace (see init)
+ *   run/crun/                crun's state (--root)
+ *   run/sandboxes/<id>/      bundle: config.json, init.pid, crun.err, exec pid and process files,
+ *                            and disk/ (tmpfs: upper/, work/) and rootfs/ (the overlay), mounted
+ *                            only in the sandbox's namespaces
  */
 import { spawn } from 'node:child_process';
-import { closeSync, openSync } from 'node:fs';
-import { mkdir, readdir, readFile, rm, rmdir, writeFile } from 'node:fs/promises';
+import { mkdir, open, readdir, readFile, rm, rmdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { Limits, type NetworkPolicy, ProtocolError, type SandboxSpec } from '../../protocol/index.ts';
 import type { Backend, ExecOptions, ExecOutcome } from '../backend.ts';
-import { type CgroupMode, cgroupDir, detectCgroups, favorDynamicCgroups, v1Hierarchies } from '../cgroups.ts';
+import { type CgroupMode, cgroupDir, detectCgroups, favorDynamicCgroups, isMountPoint, v1Hierarchies } from '../cgroups.ts';
+import { sysMount } from '../images/fuse.ts';
 import { NS_MARK } from '../launch.ts';
 import { RootFiles } from '../files.ts';
 import type { LayerManager } from '../images/layers.ts';
@@ -45,6 +47,7 @@ export class ContainerBackend implements Backend {
   readonly kind = 'container' as const;
   readonly cgroupMode: CgroupMode;
   private readonly crun: string;
+  private readonly runDir: string;
   private readonly crunRoot: string;
   private readonly layersDir: string;
   private readonly sandboxesDir: string;
@@ -68,9 +71,10 @@ export class ContainerBackend implements Backend {
 
   constructor(private readonly opts: ContainerBackendOptions) {
     this.crun = opts.crun ?? 'crun';
-    this.crunRoot = join(opts.nodeDir, 'crun');
+    this.runDir = join(opts.nodeDir, 'run');
+    this.crunRoot = join(this.runDir, 'crun');
     this.layersDir = join(opts.nodeDir, 'layers');
-    this.sandboxesDir = join(opts.nodeDir, 'sandboxes');
+    this.sandboxesDir = join(this.runDir, 'sandboxes');
     this.cgroupMode = detectCgroups();
     this.hierarchies = this.cgroupMode === 'v2' ? [] : v1Hierarchies();
     this.sleeper = new CgroupSleep(this.cgroupMode);
@@ -97,9 +101,20 @@ export class ContainerBackend implements Backend {
   }
 
   async init(): Promise<void> {
+    // Mounts only inside the node's own mount namespace (launch.ts), where they end with the node.
+    if (process.env[NS_MARK]) {
+      if (this.cgroupMode !== 'v2' && !this.dynamicCgroups) this.dynamicCgroups = await favorDynamicCgroups(join(this.opts.nodeDir, 'cgroup-favordynmods'));
+      // The per-sandbox runtime state (bundles, crun's state, a pid file and a process file per
+      // exec) on a tmpfs: every create and exec makes and removes files there, and on this host's
+      // ext4 that cost the node ~1 ms of CPU per sandbox (the inode allocator's recently-deleted
+      // scan). The state needs to outlive nothing but the node: after a crash the next start finds
+      // the sandboxes left behind by their cgroups (recover), and their mounts went with them.
+      if (!(await isMountPoint(this.runDir))) {
+        await mkdir(this.runDir, { recursive: true });
+        await sysMount('paddock-run', this.runDir, 'tmpfs', 0, 'size=1g,mode=0711');
+      }
+    }
     for (const d of [this.crunRoot, this.layersDir, this.sandboxesDir]) await mkdir(d, { recursive: true });
-    // Only inside the node's own mount namespace (launch.ts), where the mount ends with the node.
-    if (process.env[NS_MARK] && this.cgroupMode !== 'v2' && !this.dynamicCgroups) this.dynamicCgroups = await favorDynamicCgroups(join(this.opts.nodeDir, 'cgroup-favordynmods'));
     await this.hardening.traversable(this.sandboxesDir);
     if (!this.hardening.lxcfs) await this.hardening.startLxcfs();
   }
@@ -163,7 +178,8 @@ export class ContainerBackend implements Backend {
     // The container's init inherits crun's stdio and keeps it open for its whole life, so crun's
     // stderr goes to a file rather than a pipe we would wait on forever.
     const errFile = join(dir, 'crun.err');
-    const fd = openSync(errFile, 'w');
+    const errOut = await open(errFile, 'w');
+    const fd = errOut.fd;
     try {
       const code = await new Promise<number>((resolve, reject) => {
         const [crun, crunArgs] = this.crunCmd(['--root', this.crunRoot, 'run', '-d', '--pid-file', join(dir, 'init.pid'), '--bundle', dir, id], idle);
@@ -177,7 +193,7 @@ export class ContainerBackend implements Backend {
         throw new ProtocolError('BACKEND_FAILED', `start: ${msg || `exit ${code}`}`);
       }
     } finally {
-      closeSync(fd);
+      await errOut.close();
     }
   }
 

@@ -40,6 +40,8 @@ export function compose(base: ImageManifest, toolkit?: ImageManifest, workspace?
   return { ...base, name: parts.map((m) => m.name).join('+'), layers, env: [...env.values()], cwd };
 }
 
+const MANIFEST_TTL_MS = 500;
+
 export class NodeImages {
   private store!: LayerStore;
   private server?: StoreServer;
@@ -89,10 +91,30 @@ export class NodeImages {
     return this.names.list;
   }
 
+  /**
+   * A manifest read in the last MANIFEST_TTL_MS, or the read in flight: a burst of creates of one
+   * image asks the store once (each read is an HTTP round trip, ~1 ms of the node's CPU). Kept well
+   * under the second a pushed image takes to reach the nodes' heartbeats anyway; misses are not kept.
+   */
+  private readonly manifests = new Map<string, { at: number; m: Promise<ImageManifest | null> }>();
+
+  private getManifest(name: string): Promise<ImageManifest | null> {
+    const hit = this.manifests.get(name);
+    if (hit && Date.now() - hit.at < MANIFEST_TTL_MS) return hit.m;
+    const m = this.store.get(name);
+    this.manifests.set(name, { at: Date.now(), m });
+    const forget = () => {
+      if (this.manifests.get(name)?.m === m) this.manifests.delete(name);
+    };
+    void m.then((found) => (found ? undefined : forget()), forget);
+    if (this.manifests.size > 1024) this.manifests.clear();
+    return m;
+  }
+
   private async need(field: 'image' | 'toolkit' | 'workspace', name: string): Promise<ImageManifest> {
     let m: ImageManifest | null;
     try {
-      m = await this.store.get(name);
+      m = await this.getManifest(name);
     } catch (err) {
       throw new ProtocolError('BACKEND_FAILED', `${field}: the layer store ${this.store.location} cannot be read: ${(err as Error).message}`, { cause: err });
     }

@@ -37,6 +37,14 @@ export async function stopTestCluster(c: ClusterContext | undefined): Promise<vo
   await rm(c.home, { recursive: true, force: true });
 }
 
+/**
+ * A path in a node's runtime state (its bundles and crun's state): a tmpfs in the node's own mount
+ * namespace, so seen from here through the node's /proc/<pid>/root.
+ */
+export function nodeRunPath(home: string, node: { id: string; proc: { pid?: number } }, ...parts: string[]): string {
+  return `/proc/${node.proc.pid}/root${join(home, 'nodes', node.id, 'run', ...parts)}`;
+}
+
 /** ava bound to a cluster started once per file. */
 export function clusterTest(opts: { nodes?: number; env?: Record<string, string> } = {}): TestFn<ClusterContext> {
   const test = anyTest as TestFn<ClusterContext>;
