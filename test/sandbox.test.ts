@@ -230,3 +230,19 @@ test('a sandbox mounts its root in namespaces of its own: the node mount table d
   await sb.files.write('/work/a/b.txt', 'fine');
   t.is(await sb.files.readText('/work/a/b.txt'), 'fine');
 });
+
+test('a sandbox whose init dies (an OOM kill, say): the files API still reaches only its own root', async (t) => {
+  const { pdk, cluster, home } = t.context;
+  const sb = await pdk.sandboxes.create({});
+  t.teardown(() => sb.kill());
+  await sb.files.write('/etc/hostname', 'still-mine\n');
+  const node = cluster.nodes.find((n) => n.id === sb.info.node);
+  const init = Number((await readFile(nodeRunPath(home, node as NonNullable<typeof node>, 'sandboxes', sb.id, 'init.pid'), 'utf8')).trim());
+  process.kill(init, 'SIGKILL');
+  for (let i = 0; i < 100 && (await readFile(`/proc/${init}/stat`).then(() => true, () => false)); i++) await new Promise((r) => setTimeout(r, 20));
+  // Whatever holds that pid next, the node goes on through the root it opened at create.
+  const seen = await sb.files.readText('/etc/hostname').catch((e: { code?: string }) => e.code ?? 'ERROR');
+  t.not(seen, await readFile('/etc/hostname', 'utf8'));
+  t.true(seen === 'still-mine\n' || /^[A-Z_]+$/.test(seen), seen);
+  t.is((await sb.kill()).state, 'stopped');
+});

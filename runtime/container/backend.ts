@@ -16,7 +16,8 @@
  *                            only in the sandbox's namespaces
  */
 import { spawn } from 'node:child_process';
-import { mkdir, open, readdir, readFile, rm, rmdir, writeFile } from 'node:fs/promises';
+import { constants } from 'node:fs';
+import { type FileHandle, mkdir, open, readdir, readFile, rm, rmdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { Limits, type NetworkPolicy, ProtocolError, type SandboxSpec } from '../../protocol/index.ts';
 import type { Backend, ExecOptions, ExecOutcome } from '../backend.ts';
@@ -152,6 +153,7 @@ export class ContainerBackend implements Backend {
       // Lazily loaded layers can make the init's execve slow; exec cannot join it before it ends.
       proc.pid = await waitExecuted({ pidFile: join(dir, 'init.pid'), init: image.init });
       if (proc.pid === undefined) throw new ProtocolError('BACKEND_FAILED', 'crun run left no init pid');
+      proc.root = await this.holdRoot(id, proc.pid);
       if (spec.network) await this.setNetwork(id, spec.network);
       if (quota) await this.setCpuQuota(id, quota);
     } catch (e) {
@@ -256,15 +258,33 @@ export class ContainerBackend implements Backend {
     return new RootFiles(this.rootOf(id), { uid: this.hardening.ids.hostId, gid: this.hardening.ids.hostId }, { oneFilesystem: true });
   }
 
-  /** The sandbox's `/` as its init sees it (overlayfs reports the writable layer's free space there too). */
+  /**
+   * An fd of the sandbox's `/` as its init sees it, held for the sandbox's life. Reached through a
+   * pid at every use instead, a sandbox whose init died (an OOM kill, say) would leave a pid the
+   * host may hand to any process — and the files API, which is real root, would then walk that
+   * process's root. The fd stays on the container's root whatever happens to the pid. The pid is
+   * checked once, here, to be in the sandbox's own cgroup.
+   */
+  private async holdRoot(id: string, pid: number): Promise<FileHandle> {
+    const root = await open(`/proc/${pid}/root`, constants.O_RDONLY | constants.O_DIRECTORY);
+    const cgroups = await readFile(`/proc/${pid}/cgroup`, 'utf8').catch(() => '');
+    if (!cgroups.includes(`:${this.cgroupPath(id)}\n`)) {
+      await root.close();
+      throw new ProtocolError('BACKEND_FAILED', `the init of ${id} (pid ${pid}) is gone or not in its cgroup`);
+    }
+    return root;
+  }
+
+  /** The sandbox's `/` (overlayfs reports the writable layer's free space there too). */
   private rootOf(id: string): string {
-    const pid = this.procs.get(id)?.pid;
-    if (pid === undefined) throw new ProtocolError('INVALID_STATE', `sandbox ${id} has no running init`);
-    return `/proc/${pid}/root`;
+    const root = this.procs.get(id)?.root;
+    if (root === undefined) throw new ProtocolError('INVALID_STATE', `sandbox ${id} has no running init`);
+    return `/proc/self/fd/${root.fd}`;
   }
 
   async destroy(id: string): Promise<void> {
     const dir = this.dir(id);
+    await this.procs.get(id)?.root?.close().catch(() => {});
     this.procs.delete(id);
     await this.egress.remove(id);
     // Frozen processes cannot die: thaw first, or `delete --force` waits on them.
@@ -351,6 +371,8 @@ interface SandboxProc {
   /** The OCI config's `process`, which every exec's process file starts from. */
   process: Record<string, unknown>;
   pid?: number;
+  /** Its root directory, open (holdRoot). */
+  root?: FileHandle;
 }
 
 interface CpuQuota {
