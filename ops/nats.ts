@@ -22,7 +22,9 @@ export async function startNats(opts: { dataDir: string; port?: number }): Promi
   await mkdir(portsDir, { recursive: true });
   const conf = join(opts.dataDir, 'nats.conf');
   await writeFile(conf, `max_payload: ${MAX_PAYLOAD}\nmax_pending: ${4 * MAX_PAYLOAD}\n`);
-  const proc = spawn('nats-server', ['-c', conf, '-a', '127.0.0.1', '-p', String(opts.port ?? -1), '-js', '-sd', join(opts.dataDir, 'jetstream'), '--ports_file_dir', portsDir], {
+  // Dies with whoever started it, even by SIGKILL (a killed test worker or `paddock up`): an
+  // embedded nats-server has no one else to serve.
+  const proc = spawn('setpriv', ['--pdeathsig', 'TERM', '--', 'nats-server', '-c', conf, '-a', '127.0.0.1', '-p', String(opts.port ?? -1), '-js', '-sd', join(opts.dataDir, 'jetstream'), '--ports_file_dir', portsDir], {
     stdio: ['ignore', 'ignore', 'pipe'],
   });
   let stderr = '';

@@ -2,7 +2,7 @@
  * How a node process is started. The node runs in a private mount namespace of its own: its
  * layer and overlay mounts are invisible to the host and vanish with it, and on a hybrid-cgroup
  * host it can unmount the empty cgroup2 at /sys/fs/cgroup/unified that makes crun refuse to run.
- * `unshare` and `sh` exec in place, so the pid a caller gets is the node's own.
+ * `setpriv`, `unshare` and `sh` exec in place, so the pid a caller gets is the node's own.
  */
 import { fileURLToPath } from 'node:url';
 import { detectCgroups } from './cgroups.ts';
@@ -20,9 +20,11 @@ export function nodeCommand(): { cmd: string; args: string[]; env: Record<string
   // Each live sandbox holds a 4 KiB page there (measured: 12.5 MiB at 3,200), so the bound is set
   // for ~30,000; a tmpfs only uses what is written.
   const prep = detectCgroups() === 'hybrid' ? 'umount /sys/fs/cgroup/unified && mount -t tmpfs -o size=128m,mode=755 paddock-unified /sys/fs/cgroup/unified && ' : '';
+  // SIGTERM when the process that started the node dies, however it dies: the node then stops in
+  // order and kills its sandboxes instead of running on with no one to stop it.
   return {
-    cmd: 'unshare',
-    args: ['--mount', '--propagation', 'private', '--', '/bin/sh', '-c', `${prep}exec "$@"`, 'sh', process.execPath, '--import', import.meta.resolve('tsx'), nodeMainPath()],
+    cmd: 'setpriv',
+    args: ['--pdeathsig', 'TERM', '--', 'unshare', '--mount', '--propagation', 'private', '--', '/bin/sh', '-c', `${prep}exec "$@"`, 'sh', process.execPath, '--import', import.meta.resolve('tsx'), nodeMainPath()],
     env: { [NS_MARK]: '1' },
   };
 }
