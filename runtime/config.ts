@@ -28,6 +28,8 @@ export interface NodeConfig {
   };
   /** This node's own state: crun root, sandbox bundles, layer mounts. */
   nodeDir: string;
+  /** Where the sandbox init is compiled, once per host (root-owned: it is every sandbox's pid 1). */
+  binDir: string;
   nodeId: string;
   natsUrl?: string;
   /** Run a placement replica in this process too. */
@@ -77,6 +79,7 @@ export function parsePool(v: string): Record<string, number> {
 export const ENV_DOC: Record<string, string> = {
   NATS_URL: 'NATS to join; unset = start an embedded nats-server (npm start / paddock up)',
   PADDOCK_HOME: 'state directory (default /var/lib/paddock)',
+  PADDOCK_BIN_DIR: 'where the sandbox init (pid 1 of every sandbox) is compiled once per host (default /var/cache/paddock/bin)',
   PADDOCK_IMAGES_DIR: 'image store (default $PADDOCK_HOME/images)',
   PADDOCK_STORE_URL: 'layer store nodes read from: http://host:port or rclone:<remote>:<path> (default: serve PADDOCK_IMAGES_DIR from the node)',
   PADDOCK_STORE_LISTEN: 'host:port of the embedded layer store (default 127.0.0.1:0, a free port; announced in the node record)',
@@ -148,6 +151,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): NodeConfig {
       idleMs: numEnv(env, 'PADDOCK_LAYER_IDLE_MS', 60_000),
     },
     nodeDir: join(home, 'nodes', nodeId),
+    binDir: env.PADDOCK_BIN_DIR || '/var/cache/paddock/bin',
     nodeId,
     natsUrl: env.NATS_URL || undefined,
     placement: (env.PADDOCK_PLACEMENT ?? '1') !== '0',

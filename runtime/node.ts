@@ -91,7 +91,7 @@ export class PaddockNode {
     await this.images.start();
     this.imageNames = await this.images.list();
 
-    this.backend = new ContainerBackend({ nodeDir: this.cfg.nodeDir, nodeId: this.id, layers: this.images.layers });
+    this.backend = new ContainerBackend({ nodeDir: this.cfg.nodeDir, nodeId: this.id, layers: this.images.layers, binDir: this.cfg.binDir, log: this.log });
     const leftovers = await this.backend.recover();
     if (leftovers.length > 0) this.log.warn({ sandboxes: leftovers }, 'removed leftovers of a previous run');
     await this.markOrphans();

@@ -246,3 +246,20 @@ test('a sandbox whose init dies (an OOM kill, say): the files API still reaches 
   t.true(seen === 'still-mine\n' || /^[A-Z_]+$/.test(seen), seen);
   t.is((await sb.kill()).state, 'stopped');
 });
+
+test('pid 1 of a sandbox reaps orphans at once and is the only idle process', async (t) => {
+  const sb = await t.context.pdk.sandboxes.create({});
+  t.teardown(() => sb.kill());
+  // No idle `sleep` beside it (busybox's own init would be a shell and a sleep).
+  t.is((await sb.exec(['sh', '-c', 'cat /proc/1/comm; cat /proc/[0-9]*/comm | grep -c sleep'])).stdout, 'init\n0\n');
+  // Orphans of a finished exec: their parent is gone, so pid 1 must reap them.
+  await sb.exec(['sh', '-c', 'for i in 1 2 3 4 5; do (sleep 0.2 &) ; done']);
+  await new Promise((r) => setTimeout(r, 700));
+  const zombies = await sb.exec(['sh', '-c', "grep -l '^State:.*Z' /proc/[0-9]*/status 2>/dev/null | wc -l"]);
+  t.is(zombies.stdout.trim(), '0');
+  // Nothing inside can end the sandbox by signalling its init.
+  await sb.exec(['sh', '-c', 'kill -TERM 1; kill -INT 1; kill -HUP 1; true']);
+  t.is((await sb.exec(['echo', 'alive'])).stdout, 'alive\n');
+  // And the fd it was started from is closed.
+  t.is((await sb.exec(['sh', '-c', 'ls /proc/1/fd 2>&1 | wc -l'])).exitCode, 0);
+});

@@ -15,10 +15,11 @@
  *                            and disk/ (tmpfs: upper/, work/) and rootfs/ (the overlay), mounted
  *                            only in the sandbox's namespaces
  */
-import { spawn } from 'node:child_process';
+import { type StdioOptions, spawn } from 'node:child_process';
 import { constants } from 'node:fs';
 import { type FileHandle, mkdir, open, readdir, readFile, rm, rmdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { Limits, type NetworkPolicy, ProtocolError, type SandboxSpec } from '../../protocol/index.ts';
 import type { Backend, ExecOptions, ExecOutcome } from '../backend.ts';
 import { type CgroupMode, cgroupDir, detectCgroups, favorDynamicCgroups, isMountPoint, v1Hierarchies } from '../cgroups.ts';
@@ -26,7 +27,10 @@ import { sysMount } from '../images/fuse.ts';
 import { NS_MARK } from '../launch.ts';
 import { RootFiles } from '../files.ts';
 import type { LayerManager } from '../images/layers.ts';
+import { BUSYBOX_INIT } from '../images/busybox.ts';
 import { waitExecuted } from '../images/started.ts';
+import { buildStaticBinary } from '../static-binary.ts';
+import type { Logger } from 'pino';
 import type { ImageManifest, LayerRef } from '../images/store.ts';
 import { run } from '../proc.ts';
 import { execInContainer } from './exec.ts';
@@ -42,6 +46,9 @@ export interface ContainerBackendOptions {
   /** Mounts layers once per node (lazily from the store, or from the node's cache). */
   layers: LayerManager;
   crun?: string;
+  /** Where the sandbox init is built (static-binary.ts); without it, images' own inits run as pid 1. */
+  binDir?: string;
+  log?: Logger;
 }
 
 export class ContainerBackend implements Backend {
@@ -56,6 +63,12 @@ export class ContainerBackend implements Backend {
   /** Layers each sandbox holds, released when it is destroyed. */
   private readonly layersOf = new Map<string, LayerRef[]>();
   private execSeq = 0;
+  /**
+   * The sandboxes' pid 1 (init.c), open: handed to crun as fd 3, it is never a file inside a
+   * sandbox. Without a C compiler on the node, sandboxes run their image's init as pid 1 instead
+   * (busybox's reaps orphans late; `sleep infinity` never).
+   */
+  private initBinary?: FileHandle;
   /** Whether cgroup migrations skip their RCU wait (cgroups.ts favorDynamicCgroups). */
   dynamicCgroups = false;
   private readonly hierarchies: string[];
@@ -116,6 +129,13 @@ export class ContainerBackend implements Backend {
       }
     }
     for (const d of [this.crunRoot, this.layersDir, this.sandboxesDir]) await mkdir(d, { recursive: true });
+    if (!this.initBinary && this.opts.binDir) {
+      const bin = await buildStaticBinary(INIT_SOURCE, this.opts.binDir, 'sandbox-init', 'The sandbox init').catch((err: unknown) => {
+        this.opts.log?.warn({ err }, 'no sandbox init: sandboxes run their image init as pid 1');
+        return undefined;
+      });
+      if (bin) this.initBinary = await open(bin, 'r');
+    }
     await this.hardening.traversable(this.sandboxesDir);
     if (!this.hardening.lxcfs) await this.hardening.startLxcfs();
   }
@@ -143,15 +163,17 @@ export class ContainerBackend implements Backend {
       const cpus = this.hardening.pin(id, spec.cpu);
       const config = ociConfig({ spec, image, rootfs, cgroupsPath: this.cgroupPath(id), cgroupMode: this.cgroupMode, cpus, lxcfs: this.hardening.lxcfs });
       extra?.oci?.(config);
+      const reaper = this.initBinary !== undefined;
+      if (reaper) (config.process as { args: string[] }).args = ['/proc/self/fd/3', ...(isIdleInit(image.init) ? [] : image.init)];
       const quota = deferCpuQuota(config);
       await writeFile(join(dir, 'config.json'), JSON.stringify(config));
       const env = Object.fromEntries(baseEnv(image, spec).map((kv) => [kv.slice(0, kv.indexOf('=')), kv.slice(kv.indexOf('=') + 1)]));
       const proc: SandboxProc = { env, idle: spec.qos === 'be', cwd: spec.cwd ?? image.cwd, process: config.process as Record<string, unknown> };
       this.procs.set(id, proc);
       // overlayfs lists the top layer first; manifests list the bottom first.
-      await this.crunRun(id, dir, spec.qos === 'be', (crun) => this.hardening.ownMountsThen(dir, spec.diskMiB ?? Limits.diskMiB.default, lowers.reverse(), rootfs, crun));
+      await this.crunRun(id, dir, spec.qos === 'be', reaper, (crun) => this.hardening.ownMountsThen(dir, spec.diskMiB ?? Limits.diskMiB.default, lowers.reverse(), rootfs, crun));
       // Lazily loaded layers can make the init's execve slow; exec cannot join it before it ends.
-      proc.pid = await waitExecuted({ pidFile: join(dir, 'init.pid'), init: image.init });
+      proc.pid = await waitExecuted({ pidFile: join(dir, 'init.pid'), init: reaper ? ['init'] : image.init });
       if (proc.pid === undefined) throw new ProtocolError('BACKEND_FAILED', 'crun run left no init pid');
       proc.root = await this.holdRoot(id, proc.pid);
       if (spec.network) await this.setNetwork(id, spec.network);
@@ -176,7 +198,7 @@ export class ContainerBackend implements Backend {
     return idle ? ['chrt', ['--idle', '0', this.crun, ...args]] : [this.crun, args];
   }
 
-  private async crunRun(id: string, dir: string, idle: boolean, wrap: (crun: string[]) => { cmd: string; args: string[]; env: Record<string, string> }): Promise<void> {
+  private async crunRun(id: string, dir: string, idle: boolean, reaper: boolean, wrap: (crun: string[]) => { cmd: string; args: string[]; env: Record<string, string> }): Promise<void> {
     // The container's init inherits crun's stdio and keeps it open for its whole life, so crun's
     // stderr goes to a file rather than a pipe we would wait on forever.
     const errFile = join(dir, 'crun.err');
@@ -184,9 +206,10 @@ export class ContainerBackend implements Backend {
     const fd = errOut.fd;
     try {
       const code = await new Promise<number>((resolve, reject) => {
-        const [crun, crunArgs] = this.crunCmd(['--root', this.crunRoot, 'run', '-d', '--pid-file', join(dir, 'init.pid'), '--bundle', dir, id], idle);
+        const [crun, crunArgs] = this.crunCmd(['--root', this.crunRoot, 'run', '-d', ...(reaper ? ['--preserve-fds', '1'] : []), '--pid-file', join(dir, 'init.pid'), '--bundle', dir, id], idle);
         const { cmd, args, env } = wrap([crun, ...crunArgs]);
-        const child = spawn(cmd, args, { stdio: ['ignore', 'ignore', fd], env });
+        const stdio: StdioOptions = reaper && this.initBinary ? ['ignore', 'ignore', fd, this.initBinary.fd] : ['ignore', 'ignore', fd];
+        const child = spawn(cmd, args, { stdio, env });
         child.on('error', reject);
         child.on('exit', (c) => resolve(c ?? 1));
       });
@@ -356,12 +379,25 @@ export class ContainerBackend implements Backend {
   }
 
   async close(): Promise<void> {
+    await this.initBinary?.close().catch(() => {});
+    this.initBinary = undefined;
     await this.egress.close();
     await this.hardening.close();
     // The layers themselves are unmounted by their LayerManager, which the node closes after this.
     await this.removeCgroup(`/paddock/${this.opts.nodeId}`);
     await this.removeCgroup('/paddock');
   }
+}
+
+const INIT_SOURCE = fileURLToPath(new URL('./init.c', import.meta.url));
+
+/**
+ * Image inits that only keep a container alive: the sandbox init does that by itself, so they are
+ * not started (one process less per idle sandbox).
+ */
+function isIdleInit(init: string[]): boolean {
+  const s = JSON.stringify(init);
+  return s === JSON.stringify(BUSYBOX_INIT) || s === JSON.stringify(['/bin/sleep', 'infinity']) || s === JSON.stringify(['sleep', 'infinity']);
 }
 
 interface SandboxProc {

@@ -3,41 +3,18 @@
  * and answers (pure functions, unit-tested), and one running runner inside a pool member.
  */
 import { type ChildProcess, spawn } from 'node:child_process';
-import { createHash } from 'node:crypto';
 import { closeSync, openSync } from 'node:fs';
-import { access, mkdir, readFile, rename, rm } from 'node:fs/promises';
+import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { ProtocolError } from '../../protocol/index.ts';
-import { run } from '../proc.ts';
+import { buildStaticBinary } from '../static-binary.ts';
 
 const SOURCE = fileURLToPath(new URL('./runner.c', import.meta.url));
 
-/**
- * Compiles runner.c with the host's C compiler into `dir`, named by the hash of its source so
- * that an edited runner is rebuilt and nodes sharing a home share one binary. Static: it runs in
- * any image, busybox included, and needs nothing from it.
- */
-export async function buildRunner(dir: string): Promise<string> {
-  const src = await readFile(SOURCE);
-  const hash = createHash('sha256').update(src).digest('hex').slice(0, 16);
-  const out = join(dir, `fn-runner-${hash}`);
-  if (
-    await access(out).then(
-      () => true,
-      () => false,
-    )
-  )
-    return out;
-  await mkdir(dir, { recursive: true });
-  const tmp = `${out}.${process.pid}.tmp`;
-  const cc = await run('cc', ['-O2', '-static', '-Wall', '-o', tmp, SOURCE], { allowFail: true }).catch((e: unknown) => ({ code: 127, stdout: '', stderr: (e as Error).message }));
-  if (cc.code !== 0) {
-    await rm(tmp, { force: true });
-    throw new ProtocolError('BACKEND_FAILED', `FnCall needs a C compiler with a static libc on the node to build its runner (apt-get install gcc libc6-dev): ${cc.stderr.trim().slice(0, 500)}`);
-  }
-  await rename(tmp, out);
-  return out;
+/** The runner, built once per host and source version (static-binary.ts). */
+export function buildRunner(dir: string): Promise<string> {
+  return buildStaticBinary(SOURCE, dir, 'fn-runner', 'FnCall');
 }
 
 /** One program to run: what the runner needs to fork it. */

@@ -1,0 +1,31 @@
+/**
+ * Small static C programs the node hands into sandboxes (the sandbox init, FnCall's runner): built
+ * with the host's C compiler once per source version, named by the hash of their source so that an
+ * edited program is rebuilt and nodes sharing a directory share one binary. Static, they run in any
+ * image, busybox included, and need nothing from it.
+ */
+import { createHash } from 'node:crypto';
+import { access, mkdir, readFile, rename, rm } from 'node:fs/promises';
+import { join } from 'node:path';
+import { ProtocolError } from '../protocol/index.ts';
+import { run } from './proc.ts';
+
+export async function buildStaticBinary(source: string, dir: string, name: string, purpose: string): Promise<string> {
+  const src = await readFile(source);
+  const hash = createHash('sha256').update(src).digest('hex').slice(0, 16);
+  const out = join(dir, `${name}-${hash}`);
+  const built = await access(out).then(
+    () => true,
+    () => false,
+  );
+  if (built) return out;
+  await mkdir(dir, { recursive: true });
+  const tmp = `${out}.${process.pid}.tmp`;
+  const cc = await run('cc', ['-O2', '-static', '-Wall', '-o', tmp, source], { allowFail: true }).catch((e: unknown) => ({ code: 127, stdout: '', stderr: (e as Error).message }));
+  if (cc.code !== 0) {
+    await rm(tmp, { force: true });
+    throw new ProtocolError('BACKEND_FAILED', `${purpose} needs a C compiler with a static libc on the node (apt-get install gcc libc6-dev): ${cc.stderr.trim().slice(0, 500)}`);
+  }
+  await rename(tmp, out);
+  return out;
+}
