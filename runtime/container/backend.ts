@@ -289,13 +289,13 @@ export class ContainerBackend implements Backend {
    * checked once, here, to be in the sandbox's own cgroup.
    */
   private async holdRoot(id: string, pid: number): Promise<FileHandle> {
-    const root = await open(`/proc/${pid}/root`, constants.O_RDONLY | constants.O_DIRECTORY);
+    const root = await open(`/proc/${pid}/root`, constants.O_RDONLY | constants.O_DIRECTORY).catch(() => undefined);
     const cgroups = await readFile(`/proc/${pid}/cgroup`, 'utf8').catch(() => '');
-    if (!cgroups.includes(`:${this.cgroupPath(id)}\n`)) {
-      await root.close();
-      throw new ProtocolError('BACKEND_FAILED', `the init of ${id} (pid ${pid}) is gone or not in its cgroup`);
-    }
-    return root;
+    if (root && cgroups.includes(`:${this.cgroupPath(id)}\n`)) return root;
+    await root?.close();
+    // The init writes why it could not start (an image init that does not exist, say) to crun's error file.
+    const why = (await readFile(join(this.dir(id), 'crun.err'), 'utf8').catch(() => '')).trim();
+    throw new ProtocolError('BACKEND_FAILED', why ? `init: ${why}` : `the init of ${id} (pid ${pid}) is gone or not in its cgroup`);
   }
 
   /** The sandbox's `/` (overlayfs reports the writable layer's free space there too). */
