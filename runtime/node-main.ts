@@ -9,6 +9,11 @@ import { loadConfig } from './config.ts';
 import { NS_MARK, nodeCommand } from './launch.ts';
 import { PaddockNode } from './node.ts';
 
+/** Killing 3,200 sandboxes takes ~30 s here: a running node gets ten times that to stop. */
+const STOP_DEADLINE_MS = 300_000;
+/** A node still starting has few sandboxes, if any. */
+const STOP_DEADLINE_STARTING_MS = 15_000;
+
 async function main(): Promise<void> {
   if (process.env[NS_MARK] !== '1') {
     const { cmd, args, env } = nodeCommand();
@@ -23,10 +28,19 @@ async function main(): Promise<void> {
   profileOnSignal(`node-${cfg.nodeId}`, log);
   const node = new PaddockNode(cfg, log);
   let stopping = false;
+  // An object, not a `let`: the stop handler reads it after start has set it.
+  const phase: { started: boolean } = { started: false };
   const stop = async (sig: string) => {
     if (stopping) return;
     stopping = true;
     log.info({ sig }, 'node stopping');
+    // A stop that hangs (a start stuck in a syscall, NATS gone for good) must still end the
+    // process: what it leaves, the next start of this node cleans up (recovery).
+    const deadline = phase.started ? STOP_DEADLINE_MS : STOP_DEADLINE_STARTING_MS;
+    setTimeout(() => {
+      log.error({ sig, deadlineMs: deadline }, 'node stop did not finish in time: exiting');
+      process.exit(1);
+    }, deadline).unref();
     await node.stop().catch((err: unknown) => log.error({ err }, 'stop failed'));
     await shutdownTelemetry();
     log.info('node stopped');
@@ -41,6 +55,7 @@ async function main(): Promise<void> {
     await node.stop().catch(() => {});
     process.exit(1);
   }
+  phase.started = true;
   log.info({ capacity: node.capacity, nats: cfg.natsUrl }, 'node ready');
 }
 
