@@ -45,11 +45,15 @@ export async function startNats(opts: { dataDir: string; port?: number }): Promi
           url: `nats://127.0.0.1:${port}`,
           port,
           proc,
+          // Resolves once the process is gone (its port free for a restart on the same one).
           stop: async () => {
-            if (proc.exitCode === null) {
+            if (proc.exitCode === null && proc.signalCode === null) {
               proc.kill('SIGTERM');
               await Promise.race([exited, new Promise((r) => setTimeout(r, 5000))]);
-              if (proc.exitCode === null) proc.kill('SIGKILL');
+              if (proc.exitCode === null && proc.signalCode === null) {
+                proc.kill('SIGKILL');
+                await Promise.race([exited, new Promise((r) => setTimeout(r, 5000))]);
+              }
             }
           },
         };
