@@ -68,7 +68,7 @@ export function judgeRun(o: RunOutcome, limits: RunLimits, expected: Uint8Array 
     case 'memory':
       return v('MEMORY_LIMIT', `the program used more than ${limits.memoryMiB} MiB`);
     case 'time':
-      return v('TIME_LIMIT', o.cpuMs > limits.timeMs || o.wallMs < limits.wallMs ? `the program used more than ${limits.timeMs} ms of CPU time` : `the program ran past ${limits.wallMs} ms of wall-clock time`);
+      return v('TIME_LIMIT', (o.timeBy ?? (o.cpuMs > limits.timeMs || o.wallMs < limits.wallMs ? 'cpu' : 'wall')) === 'cpu' ? `the program used more than ${limits.timeMs} ms of CPU time` : `the program ran past ${limits.wallMs} ms of wall-clock time`);
     case 'output':
       return v('OUTPUT_LIMIT', `the program wrote more than ${limits.outputBytes} bytes`);
     case 'pids':

@@ -98,6 +98,11 @@ export interface RunOutcome {
   maxRssBytes: number;
   /** The limit that ended or condemned it, as seen by the node. */
   limit?: 'time' | 'memory' | 'output' | 'pids';
+  /**
+   * For a time limit, which clock ran out, as the node saw it. The runner's own wall time starts
+   * later than the node's (it forks the program after the job arrives), so it cannot tell.
+   */
+  timeBy?: 'cpu' | 'wall';
   /** The program could not be started: errno of its execve (ENOENT: no such program). */
   execErrno?: number;
 }
@@ -299,6 +304,7 @@ export class Member {
     this.uses++;
     const started = performance.now();
     let limit: RunOutcome['limit'];
+    let timeBy: RunOutcome['timeBy'];
     let timer: NodeJS.Timeout | undefined;
     let grace: NodeJS.Timeout | undefined;
     let finished = false;
@@ -328,7 +334,10 @@ export class Member {
         const cpuNs = this.cpuNs();
         const pidsMax = this.pidsMax();
         const cpuMs = (cpuNs - this.base.cpuNs) / 1e6;
-        if (cpuMs >= lim.timeMs || elapsed >= lim.wallMs) return kill('time');
+        if (cpuMs >= lim.timeMs || elapsed >= lim.wallMs) {
+          timeBy ??= cpuMs >= lim.timeMs ? 'cpu' : 'wall';
+          return kill('time');
+        }
         // A fork bomb never ends by itself: end it when it first hits the pids limit.
         if (pidsMax > this.base.pidsMax) return kill('pids');
         timer = setTimeout(tick, Math.max(5, Math.min(CHECK_MS, lim.timeMs - cpuMs, lim.wallMs - elapsed)));
@@ -363,8 +372,12 @@ export class Member {
     // The memory cgroup kills with SIGKILL; a program that failed some other way may have lost a child to it.
     if (st.exitCode !== 0 && this.oomKills() > this.base.oomKills) limit = 'memory';
     if (o.maxRssBytes > lim.memoryMiB * MiB) limit = 'memory';
-    if (limit === undefined && (o.cpuMs > lim.timeMs || o.wallMs > lim.wallMs)) limit = 'time';
+    if (limit === undefined && (o.cpuMs > lim.timeMs || o.wallMs > lim.wallMs)) {
+      limit = 'time';
+      timeBy = o.cpuMs > lim.timeMs ? 'cpu' : 'wall';
+    }
     if (limit) o.limit = limit;
+    if (limit === 'time' && timeBy) o.timeBy = timeBy;
     return o;
   }
 
