@@ -221,6 +221,59 @@ export interface GroupReply {
 export const GroupVerbs = ['pause', 'resume', 'hibernate', 'restore', 'kill'] as const;
 export type GroupVerb = (typeof GroupVerbs)[number];
 
+/** How a node loads layers: on first read from the store (lazy), or whole before mounting (eager). */
+export type LayerLoadMode = 'lazy' | 'eager';
+
+/** Counters of one layer on one node, since the node started. */
+export interface LayerCounters {
+  /** Bytes received from the store for this layer. */
+  fetchedBytes: number;
+  /** Range requests (lazy) or whole downloads (eager) that reached the store. */
+  fetches: number;
+  /** Chunk reads answered from the local cache. */
+  hits: number;
+  /** Chunk reads that had to go to the store. */
+  misses: number;
+  /** Chunk reads that found the same chunk already on its way and waited for it. */
+  shared: number;
+  /** Store requests that failed (after retries): the reader got EIO. */
+  errors: number;
+  /** Chunks or blobs whose bytes did not match their digest. */
+  corrupt: number;
+}
+
+export interface LayerStats extends LayerCounters {
+  digest: string;
+  size: number;
+  cachedBytes: number;
+  complete: boolean;
+  /** Mounts the node holds on it (a layer with users is never evicted). */
+  users: number;
+}
+
+/** A node's layer cache. */
+export interface LayerCacheStats {
+  dir: string;
+  budgetBytes: number;
+  cachedBytes: number;
+  evictions: number;
+  evictedBytes: number;
+  /** Chunks served without being kept because every cached byte was in use. */
+  uncachedChunks: number;
+  fetchedBytes: number;
+  hits: number;
+  misses: number;
+  layers: LayerStats[];
+}
+
+/** A node's layer cache and the layers it has mounted: `layers` of its `node.<id>.info` reply. */
+export interface NodeLayerStats extends LayerCacheStats {
+  mode: LayerLoadMode;
+  store: string;
+  /** Layers mounted on this node now, with the sandboxes using each. */
+  mounted: Array<{ digest: string; sandboxes: number; lazy: boolean }>;
+}
+
 /** A node's heartbeat in the `pdk_nodes` bucket. */
 export interface NodeRecord {
   node: string;

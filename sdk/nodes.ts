@@ -1,43 +1,13 @@
 /** The nodes of a Paddock: their heartbeat records and what each reports about itself. */
 import { type KV, Kvm } from '@nats-io/kv';
-import { Buckets, decode, type NodeRecord, subjects } from '../protocol/index.ts';
+import { Buckets, decode, type LayerStats, type NodeLayerStats, type NodeRecord, subjects } from '../protocol/index.ts';
 import type { CallOptions, Transport } from './transport.ts';
 
-/** Counters of one layer on one node (runtime/images/cache.ts). */
-export interface NodeLayer {
-  digest: string;
-  size: number;
-  cachedBytes: number;
-  complete: boolean;
-  users: number;
-  /** Bytes received from the layer store. */
-  fetchedBytes: number;
-  fetches: number;
-  /** Chunk reads answered from the node's cache / that went to the store. */
-  hits: number;
-  misses: number;
-  /** Reads that waited for a chunk already being fetched (concurrent first reads fetch once). */
-  shared: number;
-  errors: number;
-  corrupt: number;
-}
+/** Counters of one layer on one node. */
+export type NodeLayer = LayerStats;
 
 /** A node's layer cache and the layers it has mounted. */
-export interface NodeLayers {
-  mode: 'lazy' | 'eager';
-  store: string;
-  dir: string;
-  budgetBytes: number;
-  cachedBytes: number;
-  evictions: number;
-  evictedBytes: number;
-  uncachedChunks: number;
-  fetchedBytes: number;
-  hits: number;
-  misses: number;
-  layers: NodeLayer[];
-  mounted: Array<{ digest: string; sandboxes: number; lazy: boolean }>;
-}
+export type NodeLayers = NodeLayerStats;
 
 export interface NodeInfo extends NodeRecord {
   ids: string[];

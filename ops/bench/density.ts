@@ -29,8 +29,8 @@ import {
   cgroupCpuSeconds,
   cgroupFile,
   childCgroups,
-  cleanUp,
   cleanUpOnSignals,
+  finishRun,
   cpuSeconds,
   fmt,
   hostCpu,
@@ -43,7 +43,6 @@ import {
   sleep,
   startBenchNode,
   table,
-  tailOf,
   UsageError,
 } from './harness.ts';
 import { round3, summarize } from './stats.ts';
@@ -413,7 +412,7 @@ function jsonReport(r: Result): string {
 
 async function main(): Promise<void> {
   const o = parseArgs(process.argv.slice(2));
-  const interrupted = cleanUpOnSignals();
+  cleanUpOnSignals();
   const { env, note } = nodeEnv(o.n, o.cpu);
   if (o.cpuProfile) env.PADDOCK_CPU_PROFILE = o.cpuProfile;
   let b: BenchCluster | undefined;
@@ -459,12 +458,7 @@ async function main(): Promise<void> {
     if (o.json) process.stdout.write(`${jsonReport(r)}\n`);
     ok = true;
   } finally {
-    // A failure may be the node's: its last words help. An interrupt is not.
-    if (!ok && !interrupted() && b) {
-      const tail = await tailOf(b.cluster.nodes[0]?.logFile, 20);
-      if (tail) progress(`last lines of ${b.nodeId}'s log:\n${tail}`);
-    }
-    await cleanUp();
+    await finishRun(ok, b?.cluster.nodes);
   }
 }
 

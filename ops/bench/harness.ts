@@ -36,9 +36,10 @@ export function cleanUp(): Promise<void> {
   return cleaning;
 }
 
-/** SIGINT/SIGTERM: clean up, then exit 130. Returns a getter telling whether that happened. */
-export function cleanUpOnSignals(): () => boolean {
-  let interrupted = false;
+let interrupted = false;
+
+/** SIGINT/SIGTERM: clean up, then exit 130. */
+export function cleanUpOnSignals(): void {
   for (const sig of ['SIGINT', 'SIGTERM'] as const) {
     process.once(sig, () => {
       interrupted = true;
@@ -46,7 +47,6 @@ export function cleanUpOnSignals(): () => boolean {
       void cleanUp().finally(() => process.exit(130));
     });
   }
-  return () => interrupted;
 }
 
 /** Runs `main`, prints a failure without a stack trace when it is a UsageError, sets the exit code. */
@@ -191,6 +191,20 @@ export async function tailOf(file: string | undefined, lines: number): Promise<s
   if (!file) return '';
   const text = await readFile(file, 'utf8').catch(() => '');
   return text.trimEnd().split('\n').slice(-lines).join('\n');
+}
+
+/**
+ * The end of a bench run: after a failure, the nodes' last log lines (a failure may be a node's;
+ * an interrupt is not), then the cleanup stack.
+ */
+export async function finishRun(ok: boolean, nodes: ReadonlyArray<{ id: string; logFile?: string }> | undefined): Promise<void> {
+  if (!ok && !interrupted) {
+    for (const node of nodes ?? []) {
+      const tail = await tailOf(node.logFile, 20);
+      if (tail) progress(`last lines of ${node.id}'s log:\n${tail}`);
+    }
+  }
+  await cleanUp();
 }
 
 // ─── Host readings ──────────────────────────────────────────────────────────────────────────────

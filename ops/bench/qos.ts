@@ -35,8 +35,8 @@ import {
   CLK_TCK,
   cgroupCpuSeconds,
   cgroupFile,
-  cleanUp,
   cleanUpOnSignals,
+  finishRun,
   fmt,
   hostCpu,
   numberArg,
@@ -45,7 +45,6 @@ import {
   sleep,
   startBenchNode,
   table,
-  tailOf,
   UsageError,
 } from './harness.ts';
 import { round3, type Summary, summarize } from './stats.ts';
@@ -387,7 +386,7 @@ function jsonReport(rs: Row[]): string {
 
 async function main(): Promise<void> {
   const o = parseArgs(process.argv.slice(2));
-  const interrupted = cleanUpOnSignals();
+  cleanUpOnSignals();
   const core = await coreSchedulingAvailable();
   progress(core.detail);
   let b: BenchCluster | undefined;
@@ -412,11 +411,7 @@ async function main(): Promise<void> {
     if (o.json) process.stdout.write(`${jsonReport(rs)}\n`);
     ok = true;
   } finally {
-    if (!ok && !interrupted() && b) {
-      const tail = await tailOf(b.cluster.nodes[0]?.logFile, 20);
-      if (tail) progress(`last lines of ${b.nodeId}'s log:\n${tail}`);
-    }
-    await cleanUp();
+    await finishRun(ok, b?.cluster.nodes);
   }
 }
 

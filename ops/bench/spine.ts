@@ -29,7 +29,7 @@ import { BUSYBOX_IMAGE } from '../../runtime/images/busybox.ts';
 import { type ImageManifest, ImageStore } from '../../runtime/images/store.ts';
 import { Paddock, PaddockError, type Sandbox } from '../../sdk/index.ts';
 import { type LocalCluster, startLocalCluster } from '../local.ts';
-import { cleanUp, cleanUpOnSignals, fmt, onCleanup, progress, removeCgroup, removeHiddenUnified, table, tailOf, UsageError } from './harness.ts';
+import { cleanUpOnSignals, finishRun, fmt, onCleanup, progress, removeCgroup, removeHiddenUnified, table, UsageError } from './harness.ts';
 import { round3, type Summary, summarize } from './stats.ts';
 
 const DEFAULT_N = 50;
@@ -425,7 +425,7 @@ function nodeEnv(o: Options, need: number): { env: Record<string, string>; slots
 async function main(): Promise<void> {
   const o = parseArgs(process.argv.slice(2));
   const execs = Math.max(o.n, MIN_EXEC_SAMPLES);
-  const interrupted = cleanUpOnSignals();
+  cleanUpOnSignals();
 
   const { env, slots, note } = nodeEnv(o, Math.max(o.n, CONCURRENT));
   // The N sandboxes live at once; more than the node admits would end the run half-way.
@@ -472,14 +472,7 @@ async function main(): Promise<void> {
     if (o.json) process.stdout.write(`${jsonReport(o.n, ops, conc)}\n`);
     ok = true;
   } finally {
-    // A failure may be the node's: its last words help. An interrupt is not.
-    if (!ok && !interrupted() && cluster) {
-      for (const node of cluster.nodes) {
-        const tail = await tailOf(node.logFile, 20);
-        if (tail) progress(`last lines of ${node.id}'s log:\n${tail}`);
-      }
-    }
-    await cleanUp();
+    await finishRun(ok, cluster?.nodes);
   }
 }
 

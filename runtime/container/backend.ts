@@ -171,7 +171,7 @@ export class ContainerBackend implements Backend {
       const proc: SandboxProc = { env, idle: spec.qos === 'be', cwd: spec.cwd ?? image.cwd, process: config.process as Record<string, unknown> };
       this.procs.set(id, proc);
       // overlayfs lists the top layer first; manifests list the bottom first.
-      await this.crunRun(id, dir, spec.qos === 'be', reaper, (crun) => this.hardening.ownMountsThen(dir, spec.diskMiB ?? Limits.diskMiB.default, lowers.reverse(), rootfs, crun));
+      await this.crunRun(id, dir, spec.qos === 'be', (crun) => this.hardening.ownMountsThen(dir, spec.diskMiB ?? Limits.diskMiB.default, lowers.reverse(), rootfs, crun));
       // Lazily loaded layers can make the init's execve slow; exec cannot join it before it ends.
       proc.pid = await waitExecuted({ pidFile: join(dir, 'init.pid'), init: reaper ? ['init'] : image.init });
       if (proc.pid === undefined) throw new ProtocolError('BACKEND_FAILED', 'crun run left no init pid');
@@ -198,7 +198,7 @@ export class ContainerBackend implements Backend {
     return idle ? ['chrt', ['--idle', '0', this.crun, ...args]] : [this.crun, args];
   }
 
-  private async crunRun(id: string, dir: string, idle: boolean, reaper: boolean, wrap: (crun: string[]) => { cmd: string; args: string[]; env: Record<string, string> }): Promise<void> {
+  private async crunRun(id: string, dir: string, idle: boolean, wrap: (crun: string[]) => { cmd: string; args: string[]; env: Record<string, string> }): Promise<void> {
     // The container's init inherits crun's stdio and keeps it open for its whole life, so crun's
     // stderr goes to a file rather than a pipe we would wait on forever.
     const errFile = join(dir, 'crun.err');
@@ -206,9 +206,10 @@ export class ContainerBackend implements Backend {
     const fd = errOut.fd;
     try {
       const code = await new Promise<number>((resolve, reject) => {
-        const [crun, crunArgs] = this.crunCmd(['--root', this.crunRoot, 'run', '-d', ...(reaper ? ['--preserve-fds', '1'] : []), '--pid-file', join(dir, 'init.pid'), '--bundle', dir, id], idle);
+        const init = this.initBinary;
+        const [crun, crunArgs] = this.crunCmd(['--root', this.crunRoot, 'run', '-d', ...(init ? ['--preserve-fds', '1'] : []), '--pid-file', join(dir, 'init.pid'), '--bundle', dir, id], idle);
         const { cmd, args, env } = wrap([crun, ...crunArgs]);
-        const stdio: StdioOptions = reaper && this.initBinary ? ['ignore', 'ignore', fd, this.initBinary.fd] : ['ignore', 'ignore', fd];
+        const stdio: StdioOptions = init ? ['ignore', 'ignore', fd, init.fd] : ['ignore', 'ignore', fd];
         const child = spawn(cmd, args, { stdio, env });
         child.on('error', reject);
         child.on('exit', (c) => resolve(c ?? 1));
@@ -395,9 +396,11 @@ const INIT_SOURCE = fileURLToPath(new URL('./init.c', import.meta.url));
  * Image inits that only keep a container alive: the sandbox init does that by itself, so they are
  * not started (one process less per idle sandbox).
  */
+const IDLE_INITS: readonly string[][] = [BUSYBOX_INIT, ['/bin/sleep', 'infinity'], ['sleep', 'infinity']];
+
 function isIdleInit(init: string[]): boolean {
   const s = JSON.stringify(init);
-  return s === JSON.stringify(BUSYBOX_INIT) || s === JSON.stringify(['/bin/sleep', 'infinity']) || s === JSON.stringify(['sleep', 'infinity']);
+  return IDLE_INITS.some((idle) => JSON.stringify(idle) === s);
 }
 
 interface SandboxProc {

@@ -14,6 +14,7 @@ import { createHash } from 'node:crypto';
 import { type FileHandle, mkdir, open, readdir, readFile, rename, rm, stat, writeFile } from 'node:fs/promises';
 import { Agent } from 'node:http';
 import { join } from 'node:path';
+import type { LayerCacheStats, LayerCounters, LayerLoadMode, LayerStats } from '../../protocol/index.ts';
 import { chunkCount, verifyChunk } from './chunks.ts';
 import { Errno, FuseError } from './fuse.ts';
 import { httpDownload, httpRequest } from './http.ts';
@@ -25,47 +26,6 @@ export interface CacheLayerRef {
   chunk?: number;
 }
 
-export type LoadMode = 'lazy' | 'eager';
-
-export interface LayerCounters {
-  /** Bytes received from the store for this layer. */
-  fetchedBytes: number;
-  /** Range requests (lazy) or whole downloads (eager) that reached the store. */
-  fetches: number;
-  /** Chunk reads answered from the local cache. */
-  hits: number;
-  /** Chunk reads that had to go to the store. */
-  misses: number;
-  /** Chunk reads that found the same chunk already on its way and waited for it. */
-  shared: number;
-  /** Store requests that failed (after retries): the reader got EIO. */
-  errors: number;
-  /** Chunks or blobs whose bytes did not match their digest. */
-  corrupt: number;
-}
-
-export interface LayerStats extends LayerCounters {
-  digest: string;
-  size: number;
-  cachedBytes: number;
-  complete: boolean;
-  /** Mounts the node holds on it (a layer with users is never evicted). */
-  users: number;
-}
-
-export interface CacheStats {
-  dir: string;
-  budgetBytes: number;
-  cachedBytes: number;
-  evictions: number;
-  evictedBytes: number;
-  /** Chunks served without being kept because every cached byte was in use. */
-  uncachedChunks: number;
-  fetchedBytes: number;
-  hits: number;
-  misses: number;
-  layers: LayerStats[];
-}
 
 interface Layer {
   hex: string;
@@ -166,7 +126,7 @@ export class LayerCache {
    * whole blob, else (lazy) the name under which FUSE serves it, after fetching and checking its
    * index. Eager mode downloads and checks the whole blob first.
    */
-  async acquire(ref: CacheLayerRef, mode: LoadMode): Promise<{ local: boolean; hex: string; size: number }> {
+  async acquire(ref: CacheLayerRef, mode: LayerLoadMode): Promise<{ local: boolean; hex: string; size: number }> {
     const l = this.layerFor(ref);
     l.users++;
     l.lastUsed = Date.now();
@@ -443,7 +403,7 @@ export class LayerCache {
     return true;
   }
 
-  stats(): CacheStats {
+  stats(): LayerCacheStats {
     const layers: LayerStats[] = [...this.layers.values()].map((l) => ({ digest: `sha256:${l.hex}`, size: l.size, cachedBytes: l.cachedBytes, complete: l.complete, users: l.users, ...l.c }));
     const sum = (k: keyof LayerCounters) => layers.reduce((s, l) => s + l[k], 0);
     return {

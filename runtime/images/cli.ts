@@ -6,6 +6,7 @@
 import { existsSync, readFileSync, statSync } from 'node:fs';
 import { dirname, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
+import type { NodeLayerStats } from '../../protocol/index.ts';
 import { loadConfig } from '../config.ts';
 import { type BuildSpec, buildImage, DEFAULT_ENV, ensurePythonImage, parseSpec } from './build.ts';
 import type { LayerStore } from './layer-store.ts';
@@ -196,7 +197,7 @@ export async function imageCommand(argv: string[], io: ImageCliIo): Promise<numb
           if (live.length !== 1) throw new ImageUsageError(`stats: name a node (live: ${live.map((r) => r.node).join(', ') || 'none'})`);
           node = (live[0] as { node: string }).node;
         }
-        const info = (await pdk.nodes.info(node)) as { layers?: import('./layers.ts').NodeLayerStats };
+        const info = (await pdk.nodes.info(node)) as { layers?: NodeLayerStats };
         const l = info.layers;
         if (!l) throw new ImageUsageError(`stats: node ${node} reports no layer cache`);
         if (values.json) {

@@ -12,10 +12,9 @@ import { type ChildProcess, fork } from 'node:child_process';
 import { mkdir, rmdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { ProtocolError } from '../../protocol/index.ts';
+import { type LayerCacheStats, type LayerLoadMode, type NodeLayerStats, ProtocolError } from '../../protocol/index.ts';
 import { mounts } from '../cgroups.ts';
 import { run } from '../proc.ts';
-import type { CacheStats, LoadMode } from './cache.ts';
 import { MS_RDONLY, sysMount } from './fuse.ts';
 import type { LayerDaemonConfig, LayerDaemonMessage, LayerDaemonRequest } from './lazyfs-main.ts';
 import { hexOf, type LayerRef } from './store.ts';
@@ -24,20 +23,13 @@ export interface LayerManagerOptions {
   nodeDir: string;
   cacheDir: string;
   budgetBytes: number;
-  mode: LoadMode;
+  mode: LayerLoadMode;
   /** HTTP base URL with the store layout (server.ts, or `rclone serve http`). */
   storeUrl: string;
   timeoutMs: number;
   attempts?: number;
   idleMs: number;
   log?: { warn(o: object, msg: string): void; info(o: object, msg: string): void };
-}
-
-export interface NodeLayerStats extends CacheStats {
-  mode: LoadMode;
-  store: string;
-  /** Layers mounted on this node now, with the sandboxes using each. */
-  mounted: Array<{ digest: string; sandboxes: number; lazy: boolean }>;
 }
 
 interface Mounted {
@@ -217,7 +209,7 @@ export class LayerManager {
   }
 
   async stats(): Promise<NodeLayerStats> {
-    const cache = await this.call<CacheStats>({ op: 'stats' });
+    const cache = await this.call<LayerCacheStats>({ op: 'stats' });
     const mounted: NodeLayerStats['mounted'] = [];
     for (const [digest, p] of this.mountsByDigest) {
       const m = await p.catch(() => null);

@@ -10,7 +10,8 @@
  */
 import { spawn } from 'node:child_process';
 import { mkdir } from 'node:fs/promises';
-import { CacheFullError, type CacheLayerRef, LayerCache, type LoadMode } from './cache.ts';
+import type { LayerLoadMode } from '../../protocol/index.ts';
+import { CacheFullError, type CacheLayerRef, LayerCache } from './cache.ts';
 import { FuseServer } from './fuse.ts';
 
 export interface LayerDaemonConfig {
@@ -23,7 +24,7 @@ export interface LayerDaemonConfig {
 }
 
 export type LayerDaemonRequest =
-  | { id: number; op: 'acquire'; ref: CacheLayerRef; mode: LoadMode }
+  | { id: number; op: 'acquire'; ref: CacheLayerRef; mode: LayerLoadMode }
   | { id: number; op: 'release'; digest: string }
   | { id: number; op: 'drop'; digest: string }
   | { id: number; op: 'stats' };

@@ -7,10 +7,10 @@
  * a cluster uses. With `rclone:<remote>:<path>` it runs `rclone serve http` beside it and reads
  * layer ranges from that.
  */
-import { ProtocolError, type SandboxSpec } from '../../protocol/index.ts';
+import { type NodeLayerStats, ProtocolError, type SandboxSpec } from '../../protocol/index.ts';
 import type { NodeConfig } from '../config.ts';
 import { ensureBusyboxImage } from './busybox.ts';
-import { LayerManager, type NodeLayerStats } from './layers.ts';
+import { LayerManager } from './layers.ts';
 import type { LayerStore } from './layer-store.ts';
 import { openStore } from './remote.ts';
 import { StoreServer } from './server.ts';
