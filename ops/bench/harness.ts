@@ -229,8 +229,22 @@ export async function hostUsedBytes(): Promise<number> {
 /** Clock ticks per second of /proc's CPU times (USER_HZ: 100 on every Linux architecture we run on). */
 export const CLK_TCK = 100;
 
-/** CPU seconds of process `pid`: its own, and its reaped children's (crun, mount, …). */
+/**
+ * CPU seconds of process `pid`: its own, and its children's — reaped ones (crun, mount, …) and live
+ * ones with what they reaped (a node's process spawner and the crun runs it started).
+ */
 export async function cpuSeconds(pid: number): Promise<{ self: number; children: number }> {
+  const own = await statCpu(pid);
+  const live = (await readFile(`/proc/${pid}/task/${pid}/children`, 'utf8').catch(() => '')).split(' ').filter(Boolean);
+  let children = own.children;
+  for (const c of live) {
+    const t = await statCpu(Number(c)).catch(() => ({ self: 0, children: 0 }));
+    children += t.self + t.children;
+  }
+  return { self: own.self, children };
+}
+
+async function statCpu(pid: number): Promise<{ self: number; children: number }> {
   const s = await readFile(`/proc/${pid}/stat`, 'utf8');
   const f = s.slice(s.lastIndexOf(')') + 2).split(' ');
   const n = (i: number) => Number(f[i]);

@@ -15,7 +15,6 @@
  *                            and disk/ (tmpfs: upper/, work/) and rootfs/ (the overlay), mounted
  *                            only in the sandbox's namespaces
  */
-import { type StdioOptions, spawn } from 'node:child_process';
 import { constants } from 'node:fs';
 import { type FileHandle, mkdir, open, readdir, readFile, rm, rmdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
@@ -30,6 +29,7 @@ import type { LayerManager } from '../images/layers.ts';
 import { BUSYBOX_INIT } from '../images/busybox.ts';
 import { waitExecuted } from '../images/started.ts';
 import { buildStaticBinary } from '../static-binary.ts';
+import { type MountPlan, Spawner } from '../spawner.ts';
 import type { Logger } from 'pino';
 import type { ImageManifest, LayerRef } from '../images/store.ts';
 import { run } from '../proc.ts';
@@ -46,8 +46,11 @@ export interface ContainerBackendOptions {
   /** Mounts layers once per node (lazily from the store, or from the node's cache). */
   layers: LayerManager;
   crun?: string;
-  /** Where the sandbox init is built (static-binary.ts); without it, images' own inits run as pid 1. */
-  binDir?: string;
+  /**
+   * Where the node's small C programs are built (static-binary.ts): the process spawner, which the
+   * backend needs, and the sandbox init, without which images' own inits run as pid 1.
+   */
+  binDir: string;
   log?: Logger;
 }
 
@@ -69,6 +72,8 @@ export class ContainerBackend implements Backend {
    * (busybox's reaps orphans late; `sleep infinity` never).
    */
   private initBinary?: FileHandle;
+  /** Starts `crun run` and `crun delete` (spawner.ts: forking the node for each held its event loop). */
+  private spawn?: Spawner;
   /** Whether cgroup migrations skip their RCU wait (cgroups.ts favorDynamicCgroups). */
   dynamicCgroups = false;
   private readonly hierarchies: string[];
@@ -129,13 +134,14 @@ export class ContainerBackend implements Backend {
       }
     }
     for (const d of [this.crunRoot, this.layersDir, this.sandboxesDir]) await mkdir(d, { recursive: true });
-    if (!this.initBinary && this.opts.binDir) {
+    if (!this.initBinary) {
       const bin = await buildStaticBinary(INIT_SOURCE, this.opts.binDir, 'sandbox-init', 'The sandbox init').catch((err: unknown) => {
         this.opts.log?.warn({ err }, 'no sandbox init: sandboxes run their image init as pid 1');
         return undefined;
       });
       if (bin) this.initBinary = await open(bin, 'r');
     }
+    if (!this.spawn) this.spawn = await Spawner.build(this.opts.binDir, this.initBinary?.fd);
     await this.hardening.traversable(this.sandboxesDir);
     if (!this.hardening.lxcfs) await this.hardening.startLxcfs();
   }
@@ -171,7 +177,7 @@ export class ContainerBackend implements Backend {
       const proc: SandboxProc = { env, idle: spec.qos === 'be', cwd: spec.cwd ?? image.cwd, process: config.process as Record<string, unknown> };
       this.procs.set(id, proc);
       // overlayfs lists the top layer first; manifests list the bottom first.
-      await this.crunRun(id, dir, spec.qos === 'be', (crun) => this.hardening.ownMountsThen(dir, spec.diskMiB ?? Limits.diskMiB.default, lowers.reverse(), rootfs, crun));
+      await this.crunRun(id, dir, spec.qos === 'be', this.hardening.ownMounts(dir, spec.diskMiB ?? Limits.diskMiB.default, lowers.reverse(), rootfs));
       // Lazily loaded layers can make the init's execve slow; exec cannot join it before it ends.
       proc.pid = await waitExecuted({ pidFile: join(dir, 'init.pid'), init: reaper ? ['init'] : image.init });
       if (proc.pid === undefined) throw new ProtocolError('BACKEND_FAILED', 'crun run left no init pid');
@@ -198,29 +204,22 @@ export class ContainerBackend implements Backend {
     return idle ? ['chrt', ['--idle', '0', this.crun, ...args]] : [this.crun, args];
   }
 
-  private async crunRun(id: string, dir: string, idle: boolean, wrap: (crun: string[]) => { cmd: string; args: string[]; env: Record<string, string> }): Promise<void> {
+  private async crunRun(id: string, dir: string, idle: boolean, mounts: MountPlan): Promise<void> {
     // The container's init inherits crun's stdio and keeps it open for its whole life, so crun's
     // stderr goes to a file rather than a pipe we would wait on forever.
     const errFile = join(dir, 'crun.err');
-    const errOut = await open(errFile, 'w');
-    const fd = errOut.fd;
-    try {
-      const code = await new Promise<number>((resolve, reject) => {
-        const init = this.initBinary;
-        const [crun, crunArgs] = this.crunCmd(['--root', this.crunRoot, 'run', '-d', ...(init ? ['--preserve-fds', '1'] : []), '--pid-file', join(dir, 'init.pid'), '--bundle', dir, id], idle);
-        const { cmd, args, env } = wrap([crun, ...crunArgs]);
-        const stdio: StdioOptions = init ? ['ignore', 'ignore', fd, init.fd] : ['ignore', 'ignore', fd];
-        const child = spawn(cmd, args, { stdio, env });
-        child.on('error', reject);
-        child.on('exit', (c) => resolve(c ?? 1));
-      });
-      if (code !== 0) {
-        const msg = (await readFile(errFile, 'utf8').catch(() => '')).trim();
-        throw new ProtocolError('BACKEND_FAILED', `start: ${msg || `exit ${code}`}`);
-      }
-    } finally {
-      await errOut.close();
+    const init = this.initBinary !== undefined;
+    const argv = [this.crun, '--root', this.crunRoot, 'run', '-d', ...(init ? ['--preserve-fds', '1'] : []), '--pid-file', join(dir, 'init.pid'), '--bundle', dir, id];
+    const { code } = await this.spawner().run({ argv, env: { PATH: process.env.PATH ?? '/usr/bin:/bin' }, stderrFile: errFile, idle, passFd3: init, mounts });
+    if (code !== 0) {
+      const msg = (await readFile(errFile, 'utf8').catch(() => '')).trim();
+      throw new ProtocolError('BACKEND_FAILED', `start: ${msg || `exit ${code}`}`);
     }
+  }
+
+  private spawner(): Spawner {
+    if (!this.spawn) throw new ProtocolError('BACKEND_FAILED', 'the container backend is not initialised (no process spawner)');
+    return this.spawn;
   }
 
   exec(id: string, opts: ExecOptions): Promise<ExecOutcome> {
@@ -314,7 +313,7 @@ export class ContainerBackend implements Backend {
     // Frozen processes cannot die: thaw first, or `delete --force` waits on them.
     await this.sleeper.thaw(this.cgroupPath(id)).catch(() => {});
     // `delete --force` kills every process of the container and removes its cgroup.
-    const del = await run(this.crun, ['--root', this.crunRoot, 'delete', '--force', id], { allowFail: true });
+    const del = await this.spawner().run({ argv: [this.crun, '--root', this.crunRoot, 'delete', '--force', id], captureStderr: true, timeoutMs: 60_000 });
     if (del.code !== 0 && !/does not exist|not found|No such file/i.test(del.stderr)) {
       throw new ProtocolError('BACKEND_FAILED', `crun delete ${id}: ${del.stderr.trim()}`);
     }

@@ -22,7 +22,7 @@ import { cpus as hostCpus } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { mounts } from '../cgroups.ts';
-import { mountSyscall, unshareSyscall } from '../images/fuse.ts';
+import type { MountPlan } from '../spawner.ts';
 import { run } from '../proc.ts';
 import { type IdRange, SANDBOX_IDS } from './oci.ts';
 
@@ -80,8 +80,8 @@ export class Hardening {
   }
 
   /**
-   * A command line that makes the sandbox's root filesystem in a mount namespace of its own, then
-   * execs `then` (`crun run`) there: a tmpfs of `diskMiB` at `<dir>/disk` (the writable layer,
+   * The sandbox's root filesystem, made in a mount namespace of its own by the spawner between its
+   * fork and `crun run` (spawner.c): a tmpfs of `diskMiB` at `<dir>/disk` (the writable layer,
    * holding overlay's upper and work dirs) and the overlay of `lowers` (top first) on it at `rootfs`.
    *
    * Neither mount is ever in the node's namespace. Each new mount namespace starts as a copy of the
@@ -93,35 +93,17 @@ export class Hardening {
    * nothing holds it, and the container's namespace keeps just the overlay (and under it the tmpfs)
    * for as long as the container lives — so a crashed node leaves no mount behind either. The node
    * reaches the root through the init's /proc/<pid>/root.
-   *
-   * One perl process (perl-base is always there) unshares, mounts through mount(2), and execs crun:
-   * a shell with unshare(1), mount(8) twice, mkdir and chown would cost five more spawns.
    */
-  ownMountsThen(dir: string, diskMiB: number, lowers: string[], rootfs: string, then: string[]): { cmd: string; args: string[]; env: Record<string, string> } {
+  ownMounts(dir: string, diskMiB: number, lowers: string[], rootfs: string): MountPlan {
     const disk = join(dir, 'disk');
     // Inodes are memory too: bound them with the size, generously (many small files are normal).
     const inodes = Math.max(16384, diskMiB * 256);
-    const script = [
-      // syscall() wants writable scalars for strings, not literals; 0 is NULL.
-      'my ($disk, $opts, $id, $ovl, $root, @then) = @ARGV; my ($mnt, $uns) = ($ENV{PDK_NR} + 0, $ENV{PDK_UNSHARE_NR} + 0);',
-      'my ($slash, $src, $tmpfs, $ov) = ("/", "paddock-disk", "tmpfs", "overlay");',
-      // CLONE_NEWNS, then MS_REC | MS_PRIVATE on /: nothing mounted here may reach the node's namespace.
-      'syscall($uns, 0x20000) == 0 or die "unshare: $!\n";',
-      'syscall($mnt, 0, $slash, 0, 16384 | 262144, 0) == 0 or die "make / private: $!\n";',
-      'mkdir($disk, 0700) or die "mkdir $disk: $!\n";',
-      'syscall($mnt, $src, $disk, $tmpfs, 6, $opts) == 0 or die "mount tmpfs on $disk: $!\n";',
-      'mkdir("$disk/upper", 0755) && mkdir("$disk/work", 0700) or die "mkdir in $disk: $!\n";',
-      // The upper root is the sandbox's `/`: owned by its root.
-      'chown($id, $id, "$disk/upper") or die "chown $disk/upper: $!\n";',
-      'syscall($mnt, $ov, $root, $ov, 0, $ovl) == 0 or die "mount overlay on $root: $!\n";',
-      'exec { $then[0] } @then or die "exec $then[0]: $!\n";',
-    ].join(' ');
-    const opts = `size=${diskMiB}m,nr_inodes=${inodes},mode=0700`;
-    const ovl = `lowerdir=${lowers.join(':')},upperdir=${join(disk, 'upper')},workdir=${join(disk, 'work')}`;
     return {
-      cmd: 'perl',
-      args: ['-e', script, disk, opts, String(this.ids.hostId), ovl, rootfs, ...then],
-      env: { PDK_NR: String(mountSyscall()), PDK_UNSHARE_NR: String(unshareSyscall()), PATH: process.env.PATH ?? '/usr/bin:/bin' },
+      disk,
+      tmpfsOptions: `size=${diskMiB}m,nr_inodes=${inodes},mode=0700`,
+      rootUid: this.ids.hostId,
+      overlayOptions: `lowerdir=${lowers.join(':')},upperdir=${join(disk, 'upper')},workdir=${join(disk, 'work')}`,
+      rootfs,
     };
   }
 

@@ -97,12 +97,6 @@ export function mountSyscall(): number {
   throw new Error(`no mount(2) number known for ${process.arch}`);
 }
 
-export function unshareSyscall(): number {
-  if (process.arch === 'x64') return 272;
-  if (process.arch === 'arm64') return 97;
-  throw new Error(`no unshare(2) number known for ${process.arch}`);
-}
-
 /**
  * mount(2) through perl (perl-base is Essential on Debian): `fd` of the caller is passed to the
  * child as its fd 3, for FUSE's `fd=3` option. Rejects with the kernel's errno text.

@@ -1,0 +1,159 @@
+/**
+ * The node's side of spawner.c: runs the commands a node starts once per sandbox (`crun run`,
+ * `crun delete`) through a small long-lived process instead of forking the node for each (why:
+ * spawner.c). Started lazily and again after it dies; a death fails only the commands in flight.
+ */
+import { type ChildProcess, spawn } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
+import { ProtocolError } from '../protocol/index.ts';
+import { buildStaticBinary } from './static-binary.ts';
+
+export const SPAWNER_SOURCE = fileURLToPath(new URL('./spawner.c', import.meta.url));
+
+/** The sandbox's own mount namespace, with its writable layer and overlay root (hardening.ts ownMounts). */
+export interface MountPlan {
+  /** Where the tmpfs of the writable layer goes (created); overlay's upper and work dirs go in it. */
+  disk: string;
+  /** tmpfs options (size, inodes, mode). */
+  tmpfsOptions: string;
+  /** Owner of the upper dir, which is the sandbox's `/`. */
+  rootUid: number;
+  overlayOptions: string;
+  rootfs: string;
+}
+
+export interface SpawnRequest {
+  argv: string[];
+  /** The command's environment; the node's when absent. */
+  env?: Record<string, string>;
+  /** Files for stdout and stderr (created or truncated); /dev/null when absent. */
+  stdoutFile?: string;
+  stderrFile?: string;
+  /** Collect stderr (at most 64 KiB) into the result instead of a file. */
+  captureStderr?: boolean;
+  /** Run under SCHED_IDLE (children inherit it). */
+  idle?: boolean;
+  /** Hand the command the fd the spawner was started with as fd 3. */
+  passFd3?: boolean;
+  mounts?: MountPlan;
+  /** SIGKILL after this long (ms). */
+  timeoutMs?: number;
+}
+
+export interface SpawnResult {
+  /** Exit code, or 128 + signal. */
+  code: number;
+  stderr: string;
+}
+
+interface Pending {
+  resolve: (r: SpawnResult) => void;
+  reject: (e: Error) => void;
+  timer?: NodeJS.Timeout;
+}
+
+export class Spawner {
+  private proc?: ChildProcess;
+  private readonly pending = new Map<number, Pending>();
+  private seq = 0;
+  private buf: Buffer = Buffer.alloc(0);
+
+  /** `fd3`: an open fd the spawner keeps and passes on as fd 3 when asked (the sandbox init). */
+  private constructor(
+    private readonly binary: string,
+    private readonly fd3?: number,
+  ) {}
+
+  /** Builds the spawner (static-binary.ts) into `binDir`; it starts on first use. */
+  static async build(binDir: string, fd3?: number): Promise<Spawner> {
+    return new Spawner(await buildStaticBinary(SPAWNER_SOURCE, binDir, 'spawner', 'The process spawner'), fd3);
+  }
+
+  /** Runs a command to its end. Rejects (BACKEND_FAILED) only when it never ran: its setup, exec or fork failed. */
+  run(req: SpawnRequest): Promise<SpawnResult> {
+    const proc = this.process();
+    const seq = ++this.seq;
+    const flags = `${req.idle ? 'i' : ''}${req.passFd3 ? '3' : ''}${req.mounts ? 'm' : ''}${req.captureStderr ? 'c' : ''}-`;
+    const m = req.mounts;
+    const env = req.env ? Object.entries(req.env).map(([k, v]) => `${k}=${v}`) : [];
+    const fields = [String(seq), 'run', flags, req.stdoutFile ?? '', req.stderrFile ?? '', ...(m ? [m.disk, m.tmpfsOptions, String(m.rootUid), m.overlayOptions, m.rootfs] : []), String(req.argv.length), ...req.argv, String(env.length), ...env];
+    for (const f of fields) if (f.includes('\0')) return Promise.reject(new ProtocolError('BACKEND_FAILED', `spawn ${req.argv[0]}: an argument holds a NUL byte`));
+    return new Promise<SpawnResult>((resolve, reject) => {
+      const p: Pending = { resolve, reject };
+      if (req.timeoutMs !== undefined) p.timer = setTimeout(() => this.send(proc, [String(seq), 'kill', '9']), req.timeoutMs);
+      if (this.pending.size === 0) this.hold(proc, true);
+      this.pending.set(seq, p);
+      this.send(proc, fields);
+    });
+  }
+
+  /** Ends the spawner; commands it started go on. */
+  close(): void {
+    this.proc?.stdin?.end();
+    this.proc = undefined;
+  }
+
+  private send(proc: ChildProcess, fields: string[]): void {
+    const body = Buffer.from(`${fields.join('\0')}\0`);
+    const head = Buffer.alloc(4);
+    head.writeUInt32LE(body.length);
+    proc.stdin?.write(Buffer.concat([head, body]));
+  }
+
+  private process(): ChildProcess {
+    if (this.proc) return this.proc;
+    const stdio: ('pipe' | 'inherit' | number)[] = ['pipe', 'pipe', 'inherit'];
+    if (this.fd3 !== undefined) stdio.push(this.fd3);
+    const proc = spawn(this.binary, this.fd3 !== undefined ? ['fd3'] : [], { stdio });
+    this.proc = proc;
+    this.buf = Buffer.alloc(0);
+    proc.stdout?.on('data', (d: Buffer) => this.receive(d));
+    // A write to a spawner that just died: its exit below fails what was in flight.
+    proc.stdin?.on('error', () => {});
+    const gone = (why: string) => {
+      if (this.proc === proc) this.proc = undefined;
+      const err = new ProtocolError('BACKEND_FAILED', `the process spawner ${why}; the command's outcome is unknown`);
+      for (const seq of [...this.pending.keys()]) this.settle(seq)?.reject(err);
+    };
+    proc.on('error', (e) => gone(`failed: ${e.message}`));
+    proc.on('exit', (code, signal) => gone(`exited (${signal ?? code})`));
+    this.hold(proc, false);
+    return proc;
+  }
+
+  /** Keeps the event loop alive while commands are in flight, and only then: an idle spawner must not keep a process from exiting. */
+  private hold(proc: ChildProcess | undefined, on: boolean): void {
+    if (!proc) return;
+    for (const h of [proc, proc.stdin, proc.stdout] as unknown as ({ ref?: () => void; unref?: () => void } | null)[]) {
+      if (on) h?.ref?.();
+      else h?.unref?.();
+    }
+  }
+
+  private settle(seq: number): Pending | undefined {
+    const p = this.pending.get(seq);
+    if (!p) return undefined;
+    this.pending.delete(seq);
+    clearTimeout(p.timer);
+    if (this.pending.size === 0) this.hold(this.proc, false);
+    return p;
+  }
+
+  /** Replies: "<seq> <code> <kind> <length>\n" then <length> bytes (spawner.c). */
+  private receive(d: Buffer): void {
+    this.buf = this.buf.length ? Buffer.concat([this.buf, d]) : d;
+    for (;;) {
+      const nl = this.buf.indexOf(10);
+      if (nl < 0) return;
+      const [seqS, codeS, kind, lenS] = this.buf.subarray(0, nl).toString().split(' ');
+      const len = Number(lenS);
+      if (this.buf.length < nl + 1 + len) return;
+      const text = this.buf.subarray(nl + 1, nl + 1 + len).toString();
+      this.buf = this.buf.subarray(nl + 1 + len);
+      const p = this.settle(Number(seqS));
+      if (!p) continue;
+      if (kind === 'e') p.reject(new ProtocolError('BACKEND_FAILED', text.trim()));
+      else p.resolve({ code: Number(codeS), stderr: text });
+    }
+  }
+}
