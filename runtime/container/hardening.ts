@@ -199,12 +199,20 @@ async function stopStale(pidFile: string): Promise<void> {
   await rm(pidFile, { force: true });
 }
 
-/** CPUs this process may run on (the node's own cpuset, not every CPU of the host). */
+/**
+ * CPUs this process may run on (the node's own cpuset, not every CPU of the host). Read at most
+ * once a second: /proc/self/status is long to format, and CPUs come and go far less often than
+ * sandboxes.
+ */
 function onlineCpus(): number[] {
+  const now = Date.now();
+  if (cpusRead && now - cpusRead.at < 1000) return cpusRead.list;
   const m = /Cpus_allowed_list:\s*(\S+)/.exec(readFileSync('/proc/self/status', 'utf8'));
   const list = m?.[1] ? parseList(m[1]) : [];
-  return list.length > 0 ? list : hostCpus().map((_, i) => i);
+  cpusRead = { at: now, list: list.length > 0 ? list : hostCpus().map((_, i) => i) };
+  return cpusRead.list;
 }
+let cpusRead: { at: number; list: number[] } | undefined;
 
 export function parseList(list: string): number[] {
   const out: number[] = [];

@@ -5,7 +5,7 @@
  * process is not dumpable and `crun exec` cannot join its namespaces (setns: EPERM). The kernel
  * renames the process (`comm`) at that point, so that is what we wait for.
  */
-import { readFile } from 'node:fs/promises';
+import { readFileSync } from 'node:fs';
 import { basename } from 'node:path';
 
 /**
@@ -13,14 +13,27 @@ import { basename } from 'node:path';
  * Resolves with the init's pid, or undefined when there is none to read.
  */
 export async function waitExecuted(o: { pidFile: string; init: string[]; timeoutMs?: number }): Promise<number | undefined> {
-  const pid = Number.parseInt((await readFile(o.pidFile, 'utf8').catch(() => '')).trim(), 10);
+  const pid = Number.parseInt((readText(o.pidFile) ?? '').trim(), 10);
   if (!(pid > 1)) return undefined;
   const want = basename(o.init[0] ?? '').slice(0, 15);
   const deadline = Date.now() + (o.timeoutMs ?? 60_000);
   for (let delay = 2; ; delay = Math.min(delay * 2, 50)) {
-    const comm = (await readFile(`/proc/${pid}/comm`, 'utf8').catch(() => null))?.trim();
+    const comm = readText(`/proc/${pid}/comm`)?.trim();
     // Gone (the init failed: crun's error says why elsewhere) or renamed: either way, done waiting.
     if (comm === undefined || comm === want || Date.now() > deadline) return pid;
     await new Promise((r) => setTimeout(r, delay));
+  }
+}
+
+/**
+ * Synchronous: the pid file is on the node's run tmpfs and comm in procfs, neither ever waits on a
+ * disk, and a read through libuv's thread pool (open, fstat, read, close: four round trips) costs
+ * the node more than the file does.
+ */
+function readText(path: string): string | undefined {
+  try {
+    return readFileSync(path, 'utf8');
+  } catch {
+    return undefined;
   }
 }
