@@ -14,16 +14,20 @@
  *
  * Protocol, on its stdin and stdout (pipes to the node):
  *   request: u32 length (little-endian), then that many bytes of NUL-terminated strings:
- *     <seq> run <flags> <stdout path|""> <stderr path|""> [<disk> <tmpfs opts> <uid> <overlay opts> <rootfs>]
- *                 <argc> <argv...> <envc> <env...>
+ *     <seq> run <flags> <stdin path|""> <stdout path|""> <stderr path|"">
+ *                 [<disk> <tmpfs opts> <uid> <overlay opts> <rootfs>] <argc> <argv...> <envc> <env...>
  *       flags: i = SCHED_IDLE, 3 = keep fd 3 (the sandbox init, given at start with argument
- *       "fd3"), m = own mount namespace and the bracketed mount arguments, c = capture stderr.
+ *       "fd3"), m = own mount namespace and the bracketed mount arguments, c = capture stderr,
+ *       p = relay stdout and stderr to the node as they come (the paths of both are then unused).
  *       With envc 0 the command inherits this process's environment.
  *     <seq> kill <signal>   signals the process of request <seq>, if it still runs
- *   reply, once the process has ended: "<seq> <code> <kind> <length>\n" then <length> bytes.
- *       code: the exit code, 128 + signal if killed, -1 if there was no process (fork failed).
- *       kind e: the bytes say why the command never ran (a failed mount or exec);
- *       kind o: the bytes are its captured stderr (at most 64 KiB), or empty.
+ *     <seq> close           stops relaying the output of <seq>, which has exited
+ *   messages: "<seq> <type> <code> <length>\n" then <length> bytes, type:
+ *       o, E: a chunk of the command's stdout, stderr (relayed);
+ *       x: it ended: code is its exit code or 128 + signal; the bytes are its captured stderr
+ *          (at most 64 KiB), or empty;
+ *       e: it never ran (code -1: no process; 125: setup failed; 127: exec failed): the bytes say why;
+ *       z: a relayed command's output has ended (both pipes closed), after its x.
  * End of file on stdin ends this process; commands still running go on.
  */
 #define _GNU_SOURCE
@@ -49,10 +53,12 @@
 
 struct job {
   long seq;
-  pid_t pid;
-  int err; /* why it never ran: written by the child before _exit, close-on-exec */
-  int cap; /* its stderr, when captured; -1 otherwise */
-  char *out;
+  pid_t pid; /* 0 once reaped (a relayed command's output may go on) */
+  int err;   /* why it never ran: written by the child before _exit, close-on-exec */
+  int cap;   /* its stderr, when captured; -1 otherwise */
+  int out[2]; /* its stdout and stderr, when relayed; -1 otherwise or once closed */
+  int relayed;
+  char *buf;
   size_t len;
 };
 
@@ -71,9 +77,9 @@ static void write_all(int fd, const void *buf, size_t len) {
   }
 }
 
-static void reply(long seq, int code, char kind, const char *msg, size_t len) {
+static void reply(long seq, char type, int code, const char *msg, size_t len) {
   char head[80];
-  int n = snprintf(head, sizeof head, "%ld %d %c %zu\n", seq, code, kind, len);
+  int n = snprintf(head, sizeof head, "%ld %c %d %zu\n", seq, type, code, len);
   write_all(1, head, (size_t)n);
   if (len) write_all(1, msg, len);
 }
@@ -102,7 +108,7 @@ static void redirect(int errw, int target, const char *path, int flags) {
 }
 
 struct run {
-  const char *flags, *out, *err;
+  const char *flags, *in, *out, *err;
   const char *disk, *opts, *ovl, *rootfs;
   unsigned uid;
   char **argv, **envp;
@@ -123,19 +129,23 @@ static void own_mounts(int errw, const struct run *r) {
   if (mount("overlay", r->rootfs, "overlay", 0, r->ovl) < 0) fail(errw, 125, "mount overlay on %s", r->rootfs);
 }
 
-static void __attribute__((noreturn)) child(const struct run *r, int errw, int capw) {
+static void onto(int errw, int fd, int target) {
+  if (dup2(fd, target) < 0) fail(errw, 125, "dup2 %d", target);
+  close(fd);
+}
+
+/* outw, errw2: write ends of the relay pipes (or -1); capw: of the capture pipe (or -1). */
+static void __attribute__((noreturn)) child(const struct run *r, int errw, int capw, int outw, int errw2) {
   sigset_t none;
   sigemptyset(&none);
   for (int s = 1; s < NSIG; s++) signal(s, SIG_DFL);
   sigprocmask(SIG_SETMASK, &none, NULL);
-  redirect(errw, 0, "", O_RDONLY);
-  redirect(errw, 1, r->out, O_WRONLY | O_CREAT | O_TRUNC);
-  if (capw >= 0) {
-    if (dup2(capw, 2) < 0) fail(errw, 125, "dup2 stderr");
-    close(capw);
-  } else {
-    redirect(errw, 2, r->err, O_WRONLY | O_CREAT | O_TRUNC);
-  }
+  redirect(errw, 0, r->in, O_RDONLY);
+  if (outw >= 0) onto(errw, outw, 1);
+  else redirect(errw, 1, r->out, O_WRONLY | O_CREAT | O_TRUNC);
+  if (errw2 >= 0) onto(errw, errw2, 2);
+  else if (capw >= 0) onto(errw, capw, 2);
+  else redirect(errw, 2, r->err, O_WRONLY | O_CREAT | O_TRUNC);
   if (!(have_fd3 && strchr(r->flags, '3'))) close(3);
   if (strchr(r->flags, 'i')) {
     struct sched_param p = {0};
@@ -147,47 +157,48 @@ static void __attribute__((noreturn)) child(const struct run *r, int errw, int c
   fail(errw, 127, "exec %s", r->argv[0]);
 }
 
-static struct job *job_of_pid(pid_t pid) {
-  for (size_t i = 0; i < njobs; i++)
-    if (jobs[i].pid == pid) return &jobs[i];
-  return NULL;
+static void close_fd(int *fd) {
+  if (*fd >= 0) close(*fd);
+  *fd = -1;
 }
 
 static void start(long seq, struct run *r) {
-  int ep[2], cp[2] = {-1, -1};
-  if (pipe2(ep, O_CLOEXEC) < 0) {
-    const char *m = strerror(errno);
-    reply(seq, -1, 'e', m, strlen(m));
-    return;
-  }
-  if (strchr(r->flags, 'c') && pipe2(cp, O_CLOEXEC) < 0) {
-    const char *m = strerror(errno);
-    close(ep[0]);
-    close(ep[1]);
-    reply(seq, -1, 'e', m, strlen(m));
+  int ep[2] = {-1, -1}, cp[2] = {-1, -1}, op[2] = {-1, -1}, xp[2] = {-1, -1};
+  int relays = strchr(r->flags, 'p') != NULL;
+  if (pipe2(ep, O_CLOEXEC) < 0 || (strchr(r->flags, 'c') && pipe2(cp, O_CLOEXEC) < 0) || (relays && (pipe2(op, O_CLOEXEC) < 0 || pipe2(xp, O_CLOEXEC) < 0))) {
+    char m[128];
+    snprintf(m, sizeof m, "pipe: %s", strerror(errno));
+    int *all[] = {&ep[0], &ep[1], &cp[0], &cp[1], &op[0], &op[1], &xp[0], &xp[1]};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) close_fd(all[i]);
+    reply(seq, 'e', -1, m, strlen(m));
     return;
   }
   pid_t pid = fork();
-  if (pid == 0) child(r, ep[1], cp[1]);
+  if (pid == 0) child(r, ep[1], cp[1], op[1], xp[1]);
   int e = errno;
-  close(ep[1]);
-  if (cp[1] >= 0) close(cp[1]);
+  close_fd(&ep[1]);
+  close_fd(&cp[1]);
+  close_fd(&op[1]);
+  close_fd(&xp[1]);
   if (pid < 0) {
-    close(ep[0]);
-    if (cp[0] >= 0) close(cp[0]);
+    close_fd(&ep[0]);
+    close_fd(&cp[0]);
+    close_fd(&op[0]);
+    close_fd(&xp[0]);
     char m[128];
     snprintf(m, sizeof m, "fork: %s", strerror(e));
-    reply(seq, -1, 'e', m, strlen(m));
+    reply(seq, 'e', -1, m, strlen(m));
     return;
   }
-  fcntl(ep[0], F_SETFL, O_NONBLOCK);
-  if (cp[0] >= 0) fcntl(cp[0], F_SETFL, O_NONBLOCK);
+  int rd[] = {ep[0], cp[0], op[0], xp[0]};
+  for (size_t i = 0; i < sizeof rd / sizeof *rd; i++)
+    if (rd[i] >= 0) fcntl(rd[i], F_SETFL, O_NONBLOCK);
   if (njobs == jobcap) {
     jobcap = jobcap ? jobcap * 2 : 64;
     jobs = realloc(jobs, jobcap * sizeof *jobs);
     if (!jobs) exit(1);
   }
-  jobs[njobs++] = (struct job){.seq = seq, .pid = pid, .err = ep[0], .cap = cp[0]};
+  jobs[njobs++] = (struct job){.seq = seq, .pid = pid, .err = ep[0], .cap = cp[0], .out = {op[0], xp[0]}, .relayed = relays};
 }
 
 /* Reads what the captured stderr holds now; past CAPTURE_MAX it is read and dropped. */
@@ -196,43 +207,72 @@ static void drain(struct job *j) {
   for (;;) {
     ssize_t n = read(j->cap, buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
-    if (n == 0) {
-      /* Closed: out of the poll set, or poll would report it again and again. */
-      close(j->cap);
-      j->cap = -1;
-    }
+    if (n == 0) close_fd(&j->cap); /* closed: out of the poll set, or poll would report it again and again */
     if (n <= 0) return;
     size_t keep = j->len < CAPTURE_MAX ? CAPTURE_MAX - j->len : 0;
     if ((size_t)n < keep) keep = (size_t)n;
     if (keep) {
-      char *o = realloc(j->out, j->len + keep);
+      char *o = realloc(j->buf, j->len + keep);
       if (!o) exit(1);
-      j->out = o;
-      memcpy(j->out + j->len, buf, keep);
+      j->buf = o;
+      memcpy(j->buf + j->len, buf, keep);
       j->len += keep;
     }
   }
+}
+
+/* Forwards what a relayed pipe holds now. */
+static void relay(struct job *j, int which) {
+  static char buf[65536];
+  for (;;) {
+    ssize_t n = read(j->out[which], buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n == 0) close_fd(&j->out[which]);
+    if (n <= 0) return;
+    reply(j->seq, which ? 'E' : 'o', 0, buf, (size_t)n);
+  }
+}
+
+static void drop(size_t i) {
+  struct job *j = &jobs[i];
+  close_fd(&j->err);
+  close_fd(&j->cap);
+  close_fd(&j->out[0]);
+  close_fd(&j->out[1]);
+  free(j->buf);
+  jobs[i] = jobs[--njobs];
+}
+
+/* A reaped job whose relayed output has ended is done. */
+static void settle(size_t i) {
+  struct job *j = &jobs[i];
+  if (j->pid != 0 || j->out[0] >= 0 || j->out[1] >= 0) return;
+  reply(j->seq, 'z', 0, "", 0);
+  drop(i);
 }
 
 static void reap(void) {
   int status;
   pid_t pid;
   while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
-    struct job *j = job_of_pid(pid);
-    if (!j) continue;
+    size_t i = 0;
+    while (i < njobs && jobs[i].pid != pid) i++;
+    if (i == njobs) continue;
+    struct job *j = &jobs[i];
     int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     char why[512];
     ssize_t n = read(j->err, why, sizeof why);
+    if (j->out[0] >= 0) relay(j, 0);
+    if (j->out[1] >= 0) relay(j, 1);
     if (n > 0) {
-      reply(j->seq, code, 'e', why, (size_t)n);
+      reply(j->seq, 'e', code, why, (size_t)n);
     } else {
       if (j->cap >= 0) drain(j);
-      reply(j->seq, code, 'o', j->out ? j->out : "", j->len);
+      reply(j->seq, 'x', code, j->buf ? j->buf : "", j->len);
     }
-    close(j->err);
-    if (j->cap >= 0) close(j->cap);
-    free(j->out);
-    *j = jobs[--njobs];
+    j->pid = 0;
+    if (j->relayed) settle(i);
+    else drop(i);
   }
 }
 
@@ -254,19 +294,27 @@ static void request(char *frame, size_t len) {
   long seq = strtol(s[0], NULL, 10);
   if (strcmp(s[1], "kill") == 0 && n >= 3) {
     for (size_t i = 0; i < njobs; i++)
-      if (jobs[i].seq == seq) kill(jobs[i].pid, atoi(s[2]));
+      if (jobs[i].seq == seq && jobs[i].pid > 0) kill(jobs[i].pid, atoi(s[2]));
+    return;
+  }
+  if (strcmp(s[1], "close") == 0) {
+    for (size_t i = 0; i < njobs; i++)
+      if (jobs[i].seq == seq && jobs[i].pid == 0) {
+        drop(i);
+        break;
+      }
     return;
   }
   const char *bad = "malformed request";
-  if (strcmp(s[1], "run") != 0 || n < 6) {
-    reply(seq, -1, 'e', bad, strlen(bad));
+  if (strcmp(s[1], "run") != 0 || n < 7) {
+    reply(seq, 'e', -1, bad, strlen(bad));
     return;
   }
-  struct run r = {.flags = s[2], .out = s[3], .err = s[4]};
-  int i = 5;
+  struct run r = {.flags = s[2], .in = s[3], .out = s[4], .err = s[5]};
+  int i = 6;
   if (strchr(r.flags, 'm')) {
     if (n < i + 5) {
-      reply(seq, -1, 'e', bad, strlen(bad));
+      reply(seq, 'e', -1, bad, strlen(bad));
       return;
     }
     r.disk = s[i];
@@ -278,14 +326,14 @@ static void request(char *frame, size_t len) {
   }
   int argc = i < n ? atoi(s[i++]) : 0;
   if (argc < 1 || i + argc >= n) {
-    reply(seq, -1, 'e', bad, strlen(bad));
+    reply(seq, 'e', -1, bad, strlen(bad));
     return;
   }
   char **argv = &s[i];
   i += argc;
   int envc = atoi(s[i]);
   if (envc < 0 || i + 1 + envc > n) {
-    reply(seq, -1, 'e', bad, strlen(bad));
+    reply(seq, 'e', -1, bad, strlen(bad));
     return;
   }
   /* Each string's NUL ends it; the lists need NULL after them, which the next string's slot gives. */
@@ -321,16 +369,19 @@ int main(int argc, char **argv) {
   struct pollfd *pfd = NULL;
   size_t pcap = 0;
   for (;;) {
-    if (pcap < njobs + 2) {
-      pcap = (njobs + 2) * 2;
+    if (pcap < 3 * njobs + 2) {
+      pcap = (3 * njobs + 2) * 2;
       pfd = realloc(pfd, pcap * sizeof *pfd);
       if (!pfd || !buf) exit(1);
     }
     pfd[0] = (struct pollfd){.fd = 0, .events = POLLIN};
     pfd[1] = (struct pollfd){.fd = sfd, .events = POLLIN};
     size_t np = 2;
-    for (size_t i = 0; i < njobs; i++)
-      if (jobs[i].cap >= 0) pfd[np++] = (struct pollfd){.fd = jobs[i].cap, .events = POLLIN};
+    for (size_t i = 0; i < njobs; i++) {
+      int fds[] = {jobs[i].cap, jobs[i].out[0], jobs[i].out[1]};
+      for (int k = 0; k < 3; k++)
+        if (fds[k] >= 0) pfd[np++] = (struct pollfd){.fd = fds[k], .events = POLLIN};
+    }
     if (poll(pfd, np, -1) < 0) {
       if (errno == EINTR) continue;
       return 1;
@@ -341,10 +392,18 @@ int main(int argc, char **argv) {
       }
       reap();
     }
-    for (size_t i = 2; i < np; i++)
-      if (pfd[i].revents)
-        for (size_t k = 0; k < njobs; k++)
-          if (jobs[k].cap == pfd[i].fd) drain(&jobs[k]);
+    for (size_t i = 2; i < np; i++) {
+      if (!pfd[i].revents) continue;
+      for (size_t k = 0; k < njobs; k++) {
+        struct job *j = &jobs[k];
+        if (j->cap == pfd[i].fd) drain(j);
+        else if (j->out[0] == pfd[i].fd || j->out[1] == pfd[i].fd) {
+          relay(j, j->out[1] == pfd[i].fd);
+          settle(k);
+        } else continue;
+        break;
+      }
+    }
     if (pfd[0].revents) {
       ssize_t n = read(0, buf + have, FRAME_MAX + 4 - have);
       if (n < 0 && errno == EINTR) continue;

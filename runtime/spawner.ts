@@ -1,7 +1,8 @@
 /**
- * The node's side of spawner.c: runs the commands a node starts once per sandbox (`crun run`,
- * `crun delete`) through a small long-lived process instead of forking the node for each (why:
- * spawner.c). Started lazily and again after it dies; a death fails only the commands in flight.
+ * The node's side of spawner.c: runs the commands a node starts per sandbox and per exec
+ * (`crun run`, `crun exec`, `crun delete`) through a small long-lived process instead of forking
+ * the node for each (why: spawner.c). Started lazily and again after it dies; a death fails only
+ * the commands in flight.
  */
 import { type ChildProcess, spawn } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
@@ -26,11 +27,15 @@ export interface SpawnRequest {
   argv: string[];
   /** The command's environment; the node's when absent. */
   env?: Record<string, string>;
+  /** A file for stdin; /dev/null when absent. */
+  stdinFile?: string;
   /** Files for stdout and stderr (created or truncated); /dev/null when absent. */
   stdoutFile?: string;
   stderrFile?: string;
   /** Collect stderr (at most 64 KiB) into the result instead of a file. */
   captureStderr?: boolean;
+  /** Hand stdout and stderr to this as they come, instead of to files. */
+  onOutput?: (stream: 'out' | 'err', chunk: Buffer) => void;
   /** Run under SCHED_IDLE (children inherit it). */
   idle?: boolean;
   /** Hand the command the fd the spawner was started with as fd 3. */
@@ -43,13 +48,28 @@ export interface SpawnRequest {
 export interface SpawnResult {
   /** Exit code, or 128 + signal. */
   code: number;
+  /** Captured stderr (captureStderr), else empty. */
   stderr: string;
+}
+
+/** A command started through the spawner. */
+export interface Spawned {
+  /** Its end. Rejects (BACKEND_FAILED) only when it never ran: its setup, exec or fork failed. */
+  exited: Promise<SpawnResult>;
+  /** With onOutput: once both of its output pipes are closed (background children may hold them past its exit). */
+  closed: Promise<void>;
+  kill(signal?: number): void;
+  /** Stops relaying its output (after its exit; a background child's output is dropped). */
+  release(): void;
 }
 
 interface Pending {
   resolve: (r: SpawnResult) => void;
   reject: (e: Error) => void;
+  closed: () => void;
+  onOutput?: SpawnRequest['onOutput'];
   timer?: NodeJS.Timeout;
+  exited: boolean;
 }
 
 export class Spawner {
@@ -69,22 +89,48 @@ export class Spawner {
     return new Spawner(await buildStaticBinary(SPAWNER_SOURCE, binDir, 'spawner', 'The process spawner'), fd3);
   }
 
-  /** Runs a command to its end. Rejects (BACKEND_FAILED) only when it never ran: its setup, exec or fork failed. */
+  /** Runs a command to its end. */
   run(req: SpawnRequest): Promise<SpawnResult> {
-    const proc = this.process();
+    return this.start(req).exited;
+  }
+
+  start(req: SpawnRequest): Spawned {
     const seq = ++this.seq;
-    const flags = `${req.idle ? 'i' : ''}${req.passFd3 ? '3' : ''}${req.mounts ? 'm' : ''}${req.captureStderr ? 'c' : ''}-`;
+    const flags = `${req.idle ? 'i' : ''}${req.passFd3 ? '3' : ''}${req.mounts ? 'm' : ''}${req.captureStderr ? 'c' : ''}${req.onOutput ? 'p' : ''}-`;
     const m = req.mounts;
     const env = req.env ? Object.entries(req.env).map(([k, v]) => `${k}=${v}`) : [];
-    const fields = [String(seq), 'run', flags, req.stdoutFile ?? '', req.stderrFile ?? '', ...(m ? [m.disk, m.tmpfsOptions, String(m.rootUid), m.overlayOptions, m.rootfs] : []), String(req.argv.length), ...req.argv, String(env.length), ...env];
-    for (const f of fields) if (f.includes('\0')) return Promise.reject(new ProtocolError('BACKEND_FAILED', `spawn ${req.argv[0]}: an argument holds a NUL byte`));
-    return new Promise<SpawnResult>((resolve, reject) => {
-      const p: Pending = { resolve, reject };
-      if (req.timeoutMs !== undefined) p.timer = setTimeout(() => this.send(proc, [String(seq), 'kill', '9']), req.timeoutMs);
+    const fields = [String(seq), 'run', flags, req.stdinFile ?? '', req.stdoutFile ?? '', req.stderrFile ?? '', ...(m ? [m.disk, m.tmpfsOptions, String(m.rootUid), m.overlayOptions, m.rootfs] : []), String(req.argv.length), ...req.argv, String(env.length), ...env];
+    let closed!: () => void;
+    const closedP = new Promise<void>((r) => {
+      closed = r;
+    });
+    const exited = new Promise<SpawnResult>((resolve, reject) => {
+      if (fields.some((f) => f.includes('\0'))) {
+        reject(new ProtocolError('BACKEND_FAILED', `spawn ${req.argv[0]}: an argument holds a NUL byte`));
+        closed();
+        return;
+      }
+      const proc = this.process();
+      const p: Pending = { resolve, reject, closed, exited: false, ...(req.onOutput ? { onOutput: req.onOutput } : {}) };
+      if (req.timeoutMs !== undefined) p.timer = setTimeout(() => this.send([String(seq), 'kill', '9']), req.timeoutMs);
       if (this.pending.size === 0) this.hold(proc, true);
       this.pending.set(seq, p);
-      this.send(proc, fields);
+      this.send(fields);
     });
+    return {
+      exited,
+      closed: closedP,
+      kill: (signal = 9) => {
+        const p = this.pending.get(seq);
+        if (p && !p.exited) this.send([String(seq), 'kill', String(signal)]);
+      },
+      release: () => {
+        const p = this.pending.get(seq);
+        if (!p?.exited) return;
+        this.send([String(seq), 'close']);
+        this.settle(seq)?.closed();
+      },
+    };
   }
 
   /** Ends the spawner; commands it started go on. */
@@ -93,11 +139,11 @@ export class Spawner {
     this.proc = undefined;
   }
 
-  private send(proc: ChildProcess, fields: string[]): void {
+  private send(fields: string[]): void {
     const body = Buffer.from(`${fields.join('\0')}\0`);
     const head = Buffer.alloc(4);
     head.writeUInt32LE(body.length);
-    proc.stdin?.write(Buffer.concat([head, body]));
+    this.proc?.stdin?.write(Buffer.concat([head, body]));
   }
 
   private process(): ChildProcess {
@@ -113,7 +159,11 @@ export class Spawner {
     const gone = (why: string) => {
       if (this.proc === proc) this.proc = undefined;
       const err = new ProtocolError('BACKEND_FAILED', `the process spawner ${why}; the command's outcome is unknown`);
-      for (const seq of [...this.pending.keys()]) this.settle(seq)?.reject(err);
+      for (const seq of [...this.pending.keys()]) {
+        const p = this.settle(seq);
+        p?.reject(err);
+        p?.closed();
+      }
     };
     proc.on('error', (e) => gone(`failed: ${e.message}`));
     proc.on('exit', (code, signal) => gone(`exited (${signal ?? code})`));
@@ -139,21 +189,38 @@ export class Spawner {
     return p;
   }
 
-  /** Replies: "<seq> <code> <kind> <length>\n" then <length> bytes (spawner.c). */
+  /** Messages: "<seq> <type> <code> <length>\n" then <length> bytes (spawner.c). */
   private receive(d: Buffer): void {
     this.buf = this.buf.length ? Buffer.concat([this.buf, d]) : d;
     for (;;) {
       const nl = this.buf.indexOf(10);
       if (nl < 0) return;
-      const [seqS, codeS, kind, lenS] = this.buf.subarray(0, nl).toString().split(' ');
+      const [seqS, type, codeS, lenS] = this.buf.subarray(0, nl).toString().split(' ');
       const len = Number(lenS);
       if (this.buf.length < nl + 1 + len) return;
-      const text = this.buf.subarray(nl + 1, nl + 1 + len).toString();
+      const body = this.buf.subarray(nl + 1, nl + 1 + len);
       this.buf = this.buf.subarray(nl + 1 + len);
-      const p = this.settle(Number(seqS));
+      const seq = Number(seqS);
+      const p = this.pending.get(seq);
       if (!p) continue;
-      if (kind === 'e') p.reject(new ProtocolError('BACKEND_FAILED', text.trim()));
-      else p.resolve({ code: Number(codeS), stderr: text });
+      if (type === 'o' || type === 'E') {
+        // A copy: a view would keep the whole read buffer alive for as long as the output is kept.
+        p.onOutput?.(type === 'o' ? 'out' : 'err', Buffer.from(body));
+        continue;
+      }
+      if (type === 'z') {
+        this.settle(seq)?.closed();
+        continue;
+      }
+      p.exited = true;
+      clearTimeout(p.timer);
+      // A relayed command's output may go on after its exit: its entry stays until z or release.
+      if (!p.onOutput) {
+        this.settle(seq);
+        p.closed();
+      }
+      if (type === 'e') p.reject(new ProtocolError('BACKEND_FAILED', body.toString().trim()));
+      else p.resolve({ code: Number(codeS), stderr: body.toString() });
     }
   }
 }

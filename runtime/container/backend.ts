@@ -217,11 +217,6 @@ export class ContainerBackend implements Backend {
     else await writeFile(join(cgroupDir(this.cgroupMode, path, 'cpu'), 'cpu.cfs_quota_us'), String(q.quota));
   }
 
-  /** A crun command line, under SCHED_IDLE for best-effort sandboxes (children inherit the policy). */
-  private crunCmd(args: string[], idle: boolean): [string, string[]] {
-    return idle ? ['chrt', ['--idle', '0', this.crun, ...args]] : [this.crun, args];
-  }
-
   private async crunRun(id: string, dir: string, idle: boolean, mounts: MountPlan): Promise<void> {
     // The container's init inherits crun's stdio and keeps it open for its whole life, so crun's
     // stderr goes to a file rather than a pipe we would wait on forever.
@@ -244,9 +239,8 @@ export class ContainerBackend implements Backend {
     const pidFile = join(this.dir(id), `exec-${++this.execSeq}.pid`);
     const p = this.procs.get(id);
     const env = { ...p?.env, ...opts.env };
-    const [crun, prefix] = this.crunCmd([], p?.idle ?? false);
     const watch = new LimitWatch(this.cgroupMode, this.cgroupPath(id));
-    return judged(watch, this.rootOf(id), opts.signal, (signal) => execInContainer({ crun, prefix, root: this.crunRoot, id, pidFile, process: p?.process }, { ...opts, cwd: opts.cwd ?? p?.cwd, env, signal }));
+    return judged(watch, this.rootOf(id), opts.signal, (signal) => execInContainer({ spawner: this.spawner(), crun: this.crun, idle: p?.idle ?? false, root: this.crunRoot, id, pidFile, process: p?.process }, { ...opts, cwd: opts.cwd ?? p?.cwd, env, signal }));
   }
 
   pause(id: string): Promise<void> {

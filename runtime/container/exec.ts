@@ -5,10 +5,11 @@
  * crun gives the exec'd process its own session, so its process group holds the tree the command
  * started; a process that calls setsid itself is caught by walking /proc children.
  */
-import { spawn } from 'node:child_process';
-import { readdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { writeFileSync } from 'node:fs';
+import { readdir, readFile, rm } from 'node:fs/promises';
 import { constants } from 'node:os';
 import type { ExecOptions, ExecOutcome } from '../backend.ts';
+import type { Spawner } from '../spawner.ts';
 
 /** After the command exits, how long to wait for background children that still hold its pipes. */
 const PIPE_GRACE_MS = 100;
@@ -61,9 +62,10 @@ export async function killTree(pid: number): Promise<void> {
 }
 
 export interface CrunExecArgs {
-  /** The program to spawn: crun, or a wrapper such as chrt whose arguments `prefix` holds. */
+  spawner: Spawner;
   crun: string;
-  prefix?: string[];
+  /** Under SCHED_IDLE (best-effort sandboxes). */
+  idle: boolean;
   root: string;
   id: string;
   pidFile: string;
@@ -77,21 +79,23 @@ export interface CrunExecArgs {
 }
 
 export async function execInContainer(a: CrunExecArgs, opts: ExecOptions): Promise<ExecOutcome> {
-  const args = [...(a.prefix ?? []), '--root', a.root, 'exec', '--pid-file', a.pidFile];
+  const args = [a.crun, '--root', a.root, 'exec', '--pid-file', a.pidFile];
+  // The pid and process files are on the node's run tmpfs: written synchronously (see backend create).
   const processFile = a.process ? `${a.pidFile}.json` : undefined;
   if (a.process && processFile) {
     const env = Object.entries(opts.env ?? {}).map(([k, v]) => `${k}=${v}`);
-    await writeFile(processFile, JSON.stringify({ ...a.process, args: opts.cmd, env, cwd: opts.cwd ?? '/', terminal: false }));
+    writeFileSync(processFile, JSON.stringify({ ...a.process, args: opts.cmd, env, cwd: opts.cwd ?? '/', terminal: false }));
     args.push('--process', processFile, a.id);
   } else {
     if (opts.cwd) args.push('--cwd', opts.cwd);
     for (const [k, v] of Object.entries(opts.env ?? {})) args.push('--env', `${k}=${v}`);
     args.push(a.id, ...opts.cmd);
   }
+  const stdinFile = opts.stdin && opts.stdin.length > 0 ? `${a.pidFile}.stdin` : undefined;
+  if (stdinFile && opts.stdin) writeFileSync(stdinFile, opts.stdin);
 
   const started = performance.now();
   return new Promise<ExecOutcome>((resolve) => {
-    const child = spawn(a.crun, args, { stdio: ['pipe', 'pipe', 'pipe'] });
     const out: Buffer[] = [];
     const err: Buffer[] = [];
     const seen = { out: 0, err: 0 };
@@ -100,28 +104,10 @@ export async function execInContainer(a: CrunExecArgs, opts: ExecOptions): Promi
     let stopping = false;
     let finished = false;
     let exitCode: number | null = null;
-    let exitSignal: NodeJS.Signals | null = null;
     let graceTimer: NodeJS.Timeout | undefined;
 
-    const stop = () => {
-      if (stopping) return;
-      stopping = true;
-      void (async () => {
-        // The pid file appears once crun has started the process; a stop that comes earlier waits for it.
-        for (let i = 0; i < 50; i++) {
-          const pid = await readPid(a.pidFile);
-          if (pid) {
-            await killTree(pid);
-            break;
-          }
-          if (exitCode !== null) break;
-          await new Promise((r) => setTimeout(r, 10));
-        }
-        child.kill('SIGKILL');
-      })();
-    };
-
-    const onData = (which: 'out' | 'err', buf: Buffer[]) => (chunk: Buffer) => {
+    const onData = (which: 'out' | 'err', chunk: Buffer) => {
+      const buf = which === 'out' ? out : err;
       const room = opts.maxOutputBytes - seen[which];
       if (room <= 0) {
         if (chunk.length > 0 && !truncated) {
@@ -139,8 +125,25 @@ export async function execInContainer(a: CrunExecArgs, opts: ExecOptions): Promi
         stop();
       }
     };
-    child.stdout.on('data', onData('out', out));
-    child.stderr.on('data', onData('err', err));
+    const child = a.spawner.start({ argv: args, onOutput: onData, idle: a.idle, ...(stdinFile ? { stdinFile } : {}) });
+
+    function stop() {
+      if (stopping) return;
+      stopping = true;
+      void (async () => {
+        // The pid file appears once crun has started the process; a stop that comes earlier waits for it.
+        for (let i = 0; i < 50; i++) {
+          const pid = await readPid(a.pidFile);
+          if (pid) {
+            await killTree(pid);
+            break;
+          }
+          if (exitCode !== null) break;
+          await new Promise((r) => setTimeout(r, 10));
+        }
+        child.kill(9);
+      })();
+    }
 
     const timer = setTimeout(() => {
       timedOut = true;
@@ -155,17 +158,14 @@ export async function execInContainer(a: CrunExecArgs, opts: ExecOptions): Promi
       clearTimeout(timer);
       clearTimeout(graceTimer);
       opts.signal?.removeEventListener('abort', onAbort);
-      child.stdout.destroy();
-      child.stderr.destroy();
+      child.release();
       void rm(a.pidFile, { force: true });
       if (processFile) void rm(processFile, { force: true });
-      let code = exitCode ?? 1;
+      if (stdinFile) void rm(stdinFile, { force: true });
+      const code = exitCode ?? 1;
       let signal: string | undefined;
-      if (exitSignal) {
-        signal = exitSignal;
-        code = 128 + (constants.signals[exitSignal] ?? 0);
-      } else if (code > 128 && code < 128 + 65) {
-        // crun reports a process killed by signal N as exit 128+N, like a shell.
+      if (code > 128 && code < 128 + 65) {
+        // crun reports a process killed by signal N as exit 128+N, like a shell (and so does the spawner for crun itself).
         signal = Object.entries(constants.signals).find(([, n]) => n === code - 128)?.[0];
       }
       const outcome: ExecOutcome = {
@@ -180,23 +180,20 @@ export async function execInContainer(a: CrunExecArgs, opts: ExecOptions): Promi
       resolve(outcome);
     };
 
-    child.on('error', (e) => {
-      err.push(Buffer.from(`crun exec: ${e.message}\n`));
-      exitCode = 127;
-      finish();
+    child.exited.then(
+      (r) => {
+        exitCode = r.code;
+        // Background children may keep the pipes open: give them a moment, then return anyway.
+        graceTimer = setTimeout(finish, PIPE_GRACE_MS);
+      },
+      (e: Error) => {
+        err.push(Buffer.from(`crun exec: ${e.message}\n`));
+        exitCode = 127;
+        finish();
+      },
+    );
+    void child.closed.then(() => {
+      if (exitCode !== null) finish();
     });
-    child.on('exit', (code, signal) => {
-      exitCode = code;
-      exitSignal = signal;
-      // Background children may keep the pipes open: give them a moment, then return anyway.
-      graceTimer = setTimeout(finish, PIPE_GRACE_MS);
-    });
-    child.on('close', () => finish());
-
-    child.stdin.on('error', () => {
-      // The command exited without reading its stdin: not an error of the exec.
-    });
-    if (opts.stdin && opts.stdin.length > 0) child.stdin.end(opts.stdin);
-    else child.stdin.end();
   });
 }
