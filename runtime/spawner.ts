@@ -133,6 +133,11 @@ export class Spawner {
     };
   }
 
+  /** The spawner's pid while it runs. */
+  get pid(): number | undefined {
+    return this.proc?.pid;
+  }
+
   /** Ends the spawner; commands it started go on. */
   close(): void {
     this.proc?.stdin?.end();

@@ -1,0 +1,110 @@
+/**
+ * The node's process spawner (runtime/spawner.c and .ts), against the real program: exit codes and
+ * signals, captured and relayed output, stdin from a file, the reasons a command never ran, its
+ * own mount namespace, kills and timeouts, and its death in the middle of commands.
+ */
+import { execFile } from 'node:child_process';
+import { mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { promisify } from 'node:util';
+import test from 'ava';
+import { loadConfig } from '../runtime/config.ts';
+import { Spawner } from '../runtime/spawner.ts';
+
+const sh = promisify(execFile);
+const binDir = loadConfig().binDir;
+
+async function spawner(t: { teardown: (fn: () => void) => void }): Promise<Spawner> {
+  const s = await Spawner.build(binDir);
+  t.teardown(() => s.close());
+  return s;
+}
+
+test('exit codes, signals, and stderr captured or written to a file', async (t) => {
+  const s = await spawner(t);
+  t.deepEqual(await s.run({ argv: ['true'] }), { code: 0, stderr: '' });
+  t.is((await s.run({ argv: ['sh', '-c', 'exit 7'] })).code, 7);
+  t.is((await s.run({ argv: ['sh', '-c', 'kill -TERM $$'] })).code, 128 + 15);
+  t.deepEqual(await s.run({ argv: ['sh', '-c', 'echo oops >&2; exit 1'], captureStderr: true }), { code: 1, stderr: 'oops\n' });
+  // Capture keeps 64 KiB and drains the rest, so a chatty command cannot block on its pipe.
+  const big = await s.run({ argv: ['sh', '-c', 'head -c 300000 /dev/zero | tr "\\0" x >&2'], captureStderr: true });
+  t.is(big.code, 0);
+  t.is(big.stderr.length, 65536);
+  const dir = await mkdtemp(join(tmpdir(), 'paddock-spawn-'));
+  t.teardown(() => rm(dir, { recursive: true, force: true }));
+  await s.run({ argv: ['sh', '-c', 'echo out; echo err >&2'], stdoutFile: join(dir, 'o'), stderrFile: join(dir, 'e') });
+  t.is(await readFile(join(dir, 'o'), 'utf8'), 'out\n');
+  t.is(await readFile(join(dir, 'e'), 'utf8'), 'err\n');
+  // The environment: given, it is all the command has; absent, the node's.
+  t.is((await s.run({ argv: ['sh', '-c', 'test "$A" = 1 && test -z "$HOME"'], env: { A: '1', PATH: '/usr/bin:/bin' } })).code, 0);
+});
+
+test('relayed output arrives as it comes, in order, with stdin from a file; closed follows the exit', async (t) => {
+  const s = await spawner(t);
+  const dir = await mkdtemp(join(tmpdir(), 'paddock-spawn-'));
+  t.teardown(() => rm(dir, { recursive: true, force: true }));
+  await writeFile(join(dir, 'in'), 'hello\n');
+  const got: string[] = [];
+  const c = s.start({ argv: ['sh', '-c', 'cat; echo e >&2; head -c 200000 /dev/zero'], stdinFile: join(dir, 'in'), onOutput: (w, b) => got.push(`${w}:${b.length}:${b.subarray(0, 6).toString().replace(/\0/g, '')}`) });
+  t.deepEqual(await c.exited, { code: 0, stderr: '' });
+  await c.closed;
+  t.is(got[0], 'out:6:hello\n');
+  t.true(got.includes('err:2:e\n'));
+  const zeros = got.filter((g) => g.startsWith('out:') && g !== 'out:6:hello\n').reduce((n, g) => n + Number(g.split(':')[1]), 0);
+  t.is(zeros, 200000);
+
+  // A background child holding the pipes: the exit comes first; release stops waiting for it.
+  const bg = s.start({ argv: ['sh', '-c', 'sleep 30 & echo started'], onOutput: () => {} });
+  t.is((await bg.exited).code, 0);
+  const closedEarly = await Promise.race([bg.closed.then(() => true), new Promise((r) => setTimeout(() => r(false), 200))]);
+  t.false(closedEarly);
+  bg.release();
+  await bg.closed;
+  await sh('pkill', ['-f', '^sleep 30$']).catch(() => {});
+});
+
+test('a command that never ran says why: exec, setup, and bad arguments', async (t) => {
+  const s = await spawner(t);
+  await t.throwsAsync(s.run({ argv: ['/no/such/program'] }), { message: /exec \/no\/such\/program: No such file or directory/ });
+  await t.throwsAsync(s.run({ argv: ['true'], stdinFile: '/no/such/file' }), { message: /open \/no\/such\/file: No such file or directory/ });
+  await t.throwsAsync(s.run({ argv: ['true'], stderrFile: '/no/such/dir/err' }), { message: /open \/no\/such\/dir\/err/ });
+  await t.throwsAsync(s.run({ argv: ['echo', 'a\0b'] }), { message: /NUL byte/ });
+  // And it keeps serving.
+  t.is((await s.run({ argv: ['true'] })).code, 0);
+});
+
+test('its own mount namespace: the mounts are the command\'s alone, and a failed mount says which', async (t) => {
+  const s = await spawner(t);
+  const dir = await mkdtemp(join(tmpdir(), 'paddock-spawn-'));
+  t.teardown(() => rm(dir, { recursive: true, force: true }));
+  const lower = join(dir, 'lower');
+  const rootfs = join(dir, 'rootfs');
+  await mkdir(lower);
+  await mkdir(rootfs);
+  await writeFile(join(lower, 'f'), 'from the layer');
+  const mounts = { disk: join(dir, 'disk'), tmpfsOptions: 'size=1m,mode=0700', rootUid: 12345, overlayOptions: `lowerdir=${lower},upperdir=${join(dir, 'disk/upper')},workdir=${join(dir, 'disk/work')}`, rootfs };
+  const r = await s.run({ argv: ['sh', '-c', `cat ${rootfs}/f && stat -c %u ${join(dir, 'disk/upper')} >&2`], mounts, captureStderr: true, stdoutFile: join(dir, 'out') });
+  t.is(r.code, 0);
+  t.is(await readFile(join(dir, 'out'), 'utf8'), 'from the layer');
+  t.is(r.stderr.trim(), '12345');
+  // Nothing of it is in our namespace.
+  t.false((await readFile('/proc/self/mountinfo', 'utf8')).includes(rootfs));
+  // The disk directory exists now: mkdir fails, and the message names it.
+  await t.throwsAsync(s.run({ argv: ['true'], mounts }), { message: /mkdir .*disk: File exists/ });
+});
+
+test('kill, timeout, and a spawner that dies mid-command: the command fails clearly and the next one runs', async (t) => {
+  const s = await spawner(t);
+  const c = s.start({ argv: ['sleep', '30'] });
+  c.kill(15);
+  t.is((await c.exited).code, 128 + 15);
+  t.is((await s.run({ argv: ['sleep', '30'], timeoutMs: 100 })).code, 128 + 9);
+
+  const slow = s.run({ argv: ['sleep', '3'] });
+  const pid = s.pid;
+  if (pid === undefined) return t.fail('the spawner has no pid while a command runs');
+  process.kill(pid, 'SIGKILL');
+  await t.throwsAsync(slow, { message: /process spawner exited/ });
+  t.is((await s.run({ argv: ['true'] })).code, 0);
+});
