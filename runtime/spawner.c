@@ -201,10 +201,10 @@ static void start(long seq, struct run *r) {
   jobs[njobs++] = (struct job){.seq = seq, .pid = pid, .err = ep[0], .cap = cp[0], .out = {op[0], xp[0]}, .relayed = relays};
 }
 
-/* Reads what the captured stderr holds now; past CAPTURE_MAX it is read and dropped. */
+/* Reads what the captured stderr holds now (a bounded amount, as relay); past CAPTURE_MAX it is read and dropped. */
 static void drain(struct job *j) {
   char buf[8192];
-  for (;;) {
+  for (int reads = 0; reads < 64; reads++) {
     ssize_t n = read(j->cap, buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
     if (n == 0) close_fd(&j->cap); /* closed: out of the poll set, or poll would report it again and again */
@@ -221,10 +221,13 @@ static void drain(struct job *j) {
   }
 }
 
-/* Forwards what a relayed pipe holds now. */
-static void relay(struct job *j, int which) {
+/*
+ * Forwards what a relayed pipe holds now, at most `reads` chunks of 64 KiB: a command flooding its
+ * output must not keep this loop from everyone else's commands.
+ */
+static void relay(struct job *j, int which, int reads) {
   static char buf[65536];
-  for (;;) {
+  while (reads-- > 0) {
     ssize_t n = read(j->out[which], buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
     if (n == 0) close_fd(&j->out[which]);
@@ -262,8 +265,9 @@ static void reap(void) {
     int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     char why[512];
     ssize_t n = read(j->err, why, sizeof why);
-    if (j->out[0] >= 0) relay(j, 0);
-    if (j->out[1] >= 0) relay(j, 1);
+    /* What it wrote before it ended goes before its exit (up to 1 MiB; the rest follows). */
+    if (j->out[0] >= 0) relay(j, 0, 16);
+    if (j->out[1] >= 0) relay(j, 1, 16);
     if (n > 0) {
       reply(j->seq, 'e', code, why, (size_t)n);
     } else {
@@ -398,7 +402,7 @@ int main(int argc, char **argv) {
         struct job *j = &jobs[k];
         if (j->cap == pfd[i].fd) drain(j);
         else if (j->out[0] == pfd[i].fd || j->out[1] == pfd[i].fd) {
-          relay(j, j->out[1] == pfd[i].fd);
+          relay(j, j->out[1] == pfd[i].fd, 1);
           settle(k);
         } else continue;
         break;
