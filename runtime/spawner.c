@@ -29,6 +29,14 @@
  *       e: it never ran (code -1: no process; 125: setup failed; 127: exec failed): the bytes say why;
  *       z: a relayed command's output has ended (both pipes closed), after its x.
  * End of file on stdin ends this process; commands still running go on.
+ *
+ * Arguments: "fd3" (see above), and "seal=<path>": the program at <path> (crun) is copied once
+ * into a sealed memfd, and a request whose argv[0] is <path> executes that copy. crun, like runc,
+ * defends against CVE-2019-5736 (a container overwriting the runtime's binary through
+ * /proc/self/exe) by re-executing itself from a read-only copy on every start unless it already
+ * runs from a sealed memfd: a temp file in /tmp, a bind mount, a remount, an unmount that waits
+ * for an RCU grace period, and a second execve with all its dynamic linking, for every crun run,
+ * exec and delete. One sealed copy gives the same protection (it cannot be written), once.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -42,7 +50,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mount.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/sendfile.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -65,6 +75,8 @@ struct job {
 static struct job *jobs;
 static size_t njobs, jobcap;
 static int have_fd3;
+static int sealed_fd = -1;
+static const char *sealed_path;
 
 static void write_all(int fd, const void *buf, size_t len) {
   const char *p = buf;
@@ -152,7 +164,8 @@ static void __attribute__((noreturn)) child(const struct run *r, int errw, int c
     if (sched_setscheduler(0, SCHED_IDLE, &p) < 0) fail(errw, 125, "SCHED_IDLE");
   }
   if (strchr(r->flags, 'm')) own_mounts(errw, r);
-  if (r->envp) execvpe(r->argv[0], r->argv, r->envp);
+  if (sealed_fd >= 0 && strcmp(r->argv[0], sealed_path) == 0) fexecve(sealed_fd, r->argv, r->envp ? r->envp : environ);
+  else if (r->envp) execvpe(r->argv[0], r->argv, r->envp);
   else execvp(r->argv[0], r->argv);
   fail(errw, 127, "exec %s", r->argv[0]);
 }
@@ -351,8 +364,42 @@ static void request(char *frame, size_t len) {
   start(seq, &r);
 }
 
+/* A sealed memfd copy of `path` (see the top), or -1 with the reason on stderr. */
+static int seal_copy(const char *path) {
+  int src = open(path, O_RDONLY | O_CLOEXEC);
+  struct stat st;
+  if (src < 0 || fstat(src, &st) < 0) {
+    dprintf(2, "spawner: %s: %s; it runs unsealed\n", path, strerror(errno));
+    if (src >= 0) close(src);
+    return -1;
+  }
+  int fd = memfd_create("paddock-sealed", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  off_t sent = 0;
+  while (fd >= 0 && sent < st.st_size) {
+    ssize_t n = sendfile(fd, src, NULL, (size_t)(st.st_size - sent));
+    if (n <= 0) break;
+    sent += n;
+  }
+  close(src);
+  if (fd < 0 || sent != st.st_size || fcntl(fd, F_ADD_SEALS, F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE) < 0) {
+    dprintf(2, "spawner: cannot seal a copy of %s: %s; it runs unsealed\n", path, strerror(errno));
+    if (fd >= 0) close(fd);
+    return -1;
+  }
+  /* Above the fds a child is given (0-3), which it must not lose to a dup2 or close(3). */
+  int high = fcntl(fd, F_DUPFD_CLOEXEC, 10);
+  close(fd);
+  return high;
+}
+
 int main(int argc, char **argv) {
-  have_fd3 = argc > 1 && strcmp(argv[1], "fd3") == 0 && fcntl(3, F_GETFD) >= 0;
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "fd3") == 0) have_fd3 = fcntl(3, F_GETFD) >= 0;
+    else if (strncmp(argv[i], "seal=", 5) == 0) {
+      sealed_path = argv[i] + 5;
+      sealed_fd = seal_copy(sealed_path);
+    }
+  }
   if (have_fd3) fcntl(3, F_SETFD, 0);
   prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
   signal(SIGPIPE, SIG_IGN);

@@ -5,6 +5,8 @@
  * the commands in flight.
  */
 import { type ChildProcess, spawn } from 'node:child_process';
+import { accessSync, constants, statSync } from 'node:fs';
+import { isAbsolute, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { ProtocolError } from '../protocol/index.ts';
 import { buildStaticBinary } from './static-binary.ts';
@@ -63,6 +65,31 @@ export interface Spawned {
   release(): void;
 }
 
+export interface SpawnerOptions {
+  /** An open fd the spawner keeps and passes on as fd 3 when asked (the sandbox init). */
+  fd3?: number;
+  /**
+   * An absolute path (crun) the spawner runs from a sealed in-memory copy taken at its start
+   * (spawner.c: it spares crun its own copy on every run). Requests name it by this path.
+   */
+  seal?: string;
+}
+
+/** The absolute path of `program` along PATH (as execvp would find it), or undefined. */
+export function resolveProgram(program: string, path = process.env.PATH ?? '/usr/bin:/bin'): string | undefined {
+  if (program.includes('/')) return isAbsolute(program) ? program : resolve(program);
+  for (const dir of path.split(':')) {
+    const p = join(dir || '.', program);
+    try {
+      accessSync(p, constants.X_OK);
+      if (statSync(p).isFile()) return isAbsolute(p) ? p : resolve(p);
+    } catch {
+      // not here
+    }
+  }
+  return undefined;
+}
+
 interface Pending {
   resolve: (r: SpawnResult) => void;
   reject: (e: Error) => void;
@@ -78,15 +105,14 @@ export class Spawner {
   private seq = 0;
   private buf: Buffer = Buffer.alloc(0);
 
-  /** `fd3`: an open fd the spawner keeps and passes on as fd 3 when asked (the sandbox init). */
   private constructor(
     private readonly binary: string,
-    private readonly fd3?: number,
+    private readonly o: SpawnerOptions,
   ) {}
 
   /** Builds the spawner (static-binary.ts) into `binDir`; it starts on first use. */
-  static async build(binDir: string, fd3?: number): Promise<Spawner> {
-    return new Spawner(await buildStaticBinary(SPAWNER_SOURCE, binDir, 'spawner', 'The process spawner'), fd3);
+  static async build(binDir: string, o: SpawnerOptions = {}): Promise<Spawner> {
+    return new Spawner(await buildStaticBinary(SPAWNER_SOURCE, binDir, 'spawner', 'The process spawner'), o);
   }
 
   /** Runs a command to its end. */
@@ -154,8 +180,13 @@ export class Spawner {
   private process(): ChildProcess {
     if (this.proc) return this.proc;
     const stdio: ('pipe' | 'inherit' | number)[] = ['pipe', 'pipe', 'inherit'];
-    if (this.fd3 !== undefined) stdio.push(this.fd3);
-    const proc = spawn(this.binary, this.fd3 !== undefined ? ['fd3'] : [], { stdio });
+    const args: string[] = [];
+    if (this.o.fd3 !== undefined) {
+      stdio.push(this.o.fd3);
+      args.push('fd3');
+    }
+    if (this.o.seal) args.push(`seal=${this.o.seal}`);
+    const proc = spawn(this.binary, args, { stdio });
     this.proc = proc;
     this.buf = Buffer.alloc(0);
     proc.stdout?.on('data', (d: Buffer) => this.receive(d));

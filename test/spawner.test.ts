@@ -10,7 +10,7 @@ import { join } from 'node:path';
 import { promisify } from 'node:util';
 import test from 'ava';
 import { loadConfig } from '../runtime/config.ts';
-import { Spawner } from '../runtime/spawner.ts';
+import { resolveProgram, Spawner } from '../runtime/spawner.ts';
 
 const sh = promisify(execFile);
 const binDir = loadConfig().binDir;
@@ -92,6 +92,25 @@ test('its own mount namespace: the mounts are the command\'s alone, and a failed
   t.false((await readFile('/proc/self/mountinfo', 'utf8')).includes(rootfs));
   // The disk directory exists now: mkdir fails, and the message names it.
   await t.throwsAsync(s.run({ argv: ['true'], mounts }), { message: /mkdir .*disk: File exists/ });
+});
+
+test('a sealed program runs from its in-memory copy, which cannot be written; other programs run from disk', async (t) => {
+  const shell = resolveProgram('sh');
+  if (!shell) return t.fail('no sh on PATH');
+  t.is(resolveProgram('no-such-program-here'), undefined);
+  const s = await Spawner.build(binDir, { seal: shell });
+  t.teardown(() => s.close());
+  const out = async (argv: string[]) => {
+    const chunks: Buffer[] = [];
+    const c = s.start({ argv, onOutput: (_w, b) => chunks.push(b) });
+    const { code } = await c.exited;
+    await c.closed;
+    return { code, text: Buffer.concat(chunks).toString().trim() };
+  };
+  t.deepEqual(await out([shell, '-c', 'readlink /proc/$$/exe']), { code: 0, text: '/memfd:paddock-sealed (deleted)' });
+  const write = await out([shell, '-c', 'echo x >> /proc/$$/exe && echo written']);
+  t.not(write.text, 'written');
+  t.deepEqual(await out(['readlink', '/proc/self/exe']), { code: 0, text: resolveProgram('readlink') ?? '' });
 });
 
 test('kill, timeout, and a spawner that dies mid-command: the command fails clearly and the next one runs', async (t) => {

@@ -29,7 +29,7 @@ import type { LayerManager } from '../images/layers.ts';
 import { BUSYBOX_INIT } from '../images/busybox.ts';
 import { waitExecuted } from '../images/started.ts';
 import { buildStaticBinary } from '../static-binary.ts';
-import { type MountPlan, Spawner } from '../spawner.ts';
+import { type MountPlan, resolveProgram, Spawner } from '../spawner.ts';
 import type { Logger } from 'pino';
 import type { ImageManifest, LayerRef } from '../images/store.ts';
 import { run } from '../proc.ts';
@@ -57,7 +57,7 @@ export interface ContainerBackendOptions {
 export class ContainerBackend implements Backend {
   readonly kind = 'container' as const;
   readonly cgroupMode: CgroupMode;
-  private readonly crun: string;
+  private crun: string;
   private readonly runDir: string;
   private readonly crunRoot: string;
   private readonly layersDir: string;
@@ -141,7 +141,13 @@ export class ContainerBackend implements Backend {
       });
       if (bin) this.initBinary = await open(bin, 'r');
     }
-    if (!this.spawn) this.spawn = await Spawner.build(this.opts.binDir, this.initBinary?.fd);
+    if (!this.spawn) {
+      // By absolute path: the spawner runs crun from a sealed copy (spawner.c), and a path search per run costs execve calls.
+      const crun = resolveProgram(this.crun);
+      if (!crun) throw new Error(`${this.crun} not found on PATH (apt-get install crun)`);
+      this.crun = crun;
+      this.spawn = await Spawner.build(this.opts.binDir, { fd3: this.initBinary?.fd, seal: crun });
+    }
     await this.hardening.traversable(this.sandboxesDir);
     if (!this.hardening.lxcfs) await this.hardening.startLxcfs();
   }
