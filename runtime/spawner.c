@@ -373,7 +373,9 @@ static int seal_copy(const char *path) {
     if (src >= 0) close(src);
     return -1;
   }
-  int fd = memfd_create("paddock-sealed", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  /* Named as the program: its processes show as memfd:<name> in ps. */
+  const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+  int fd = memfd_create(base, MFD_CLOEXEC | MFD_ALLOW_SEALING);
   off_t sent = 0;
   while (fd >= 0 && sent < st.st_size) {
     ssize_t n = sendfile(fd, src, NULL, (size_t)(st.st_size - sent));
