@@ -28,7 +28,8 @@
  *          (at most 64 KiB), or empty;
  *       e: it never ran (code -1: no process; 125: setup failed; 127: exec failed): the bytes say why;
  *       z: a relayed command's output has ended (both pipes closed), after its x.
- * End of file on stdin ends this process; commands still running go on.
+ * End of file on stdin ends this process; commands still running go on. It is their subreaper
+ * (see main) and reaps every process that ends under it.
  *
  * Arguments: "fd3" (see above), and "seal=<path>": the program at <path> (crun) is copied once
  * into a sealed memfd, and a request whose argv[0] is <path> executes that copy. crun, like runc,
@@ -404,6 +405,12 @@ int main(int argc, char **argv) {
   }
   if (have_fd3) fcntl(3, F_SETFD, 0);
   prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+  /*
+   * `crun run -d` leaves the sandbox's init behind as an orphan: as subreaper, this process
+   * becomes its parent, and reaps it the moment it dies (an OOM kill, `crun delete`) instead of it
+   * staying a zombie until the host's pid 1 gets to it.
+   */
+  prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
   signal(SIGPIPE, SIG_IGN);
   sigset_t chld;
   sigemptyset(&chld);

@@ -240,6 +240,8 @@ test('a sandbox whose init dies (an OOM kill, say): the files API still reaches 
   const init = Number((await readFile(nodeRunPath(home, node as NonNullable<typeof node>, 'sandboxes', sb.id, 'init.pid'), 'utf8')).trim());
   process.kill(init, 'SIGKILL');
   for (let i = 0; i < 100 && (await readFile(`/proc/${init}/stat`).then(() => true, () => false)); i++) await new Promise((r) => setTimeout(r, 20));
+  // Reaped at once (the node's spawner is its subreaper), not left a zombie.
+  t.false(await readFile(`/proc/${init}/stat`).then(() => true, () => false), `init ${init} is still in /proc`);
   // Whatever holds that pid next, the node goes on through the root it opened at create.
   const seen = await sb.files.readText('/etc/hostname').catch((e: { code?: string }) => e.code ?? 'ERROR');
   t.not(seen, await readFile('/etc/hostname', 'utf8'));

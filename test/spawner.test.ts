@@ -45,14 +45,15 @@ test('relayed output arrives as it comes, in order, with stdin from a file; clos
   const dir = await mkdtemp(join(tmpdir(), 'paddock-spawn-'));
   t.teardown(() => rm(dir, { recursive: true, force: true }));
   await writeFile(join(dir, 'in'), 'hello\n');
-  const got: string[] = [];
-  const c = s.start({ argv: ['sh', '-c', 'cat; echo e >&2; head -c 200000 /dev/zero'], stdinFile: join(dir, 'in'), onOutput: (w, b) => got.push(`${w}:${b.length}:${b.subarray(0, 6).toString().replace(/\0/g, '')}`) });
+  const out: Buffer[] = [];
+  const err: Buffer[] = [];
+  const c = s.start({ argv: ['sh', '-c', 'cat; echo e >&2; head -c 200000 /dev/zero'], stdinFile: join(dir, 'in'), onOutput: (w, b) => (w === 'out' ? out : err).push(b) });
   t.deepEqual(await c.exited, { code: 0, stderr: '' });
   await c.closed;
-  t.is(got[0], 'out:6:hello\n');
-  t.true(got.includes('err:2:e\n'));
-  const zeros = got.filter((g) => g.startsWith('out:') && g !== 'out:6:hello\n').reduce((n, g) => n + Number(g.split(':')[1]), 0);
-  t.is(zeros, 200000);
+  // Chunks may split or merge as the pipes fill; the bytes and their order are what count.
+  t.deepEqual(Buffer.concat(out), Buffer.concat([Buffer.from('hello\n'), Buffer.alloc(200000)]));
+  t.is(Buffer.concat(err).toString(), 'e\n');
+  t.true(out.length > 1, 'more than one chunk: output is relayed as it comes, not at the end');
 
   // A background child holding the pipes: the exit comes first; release stops waiting for it.
   const bg = s.start({ argv: ['sh', '-c', 'sleep 30 & echo started'], onOutput: () => {} });
