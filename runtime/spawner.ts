@@ -11,6 +11,10 @@ import { fileURLToPath } from 'node:url';
 import { ProtocolError } from '../protocol/index.ts';
 import { buildStaticBinary } from './static-binary.ts';
 
+/** What one request may hold (spawner.c FRAME_MAX and its string table). */
+const MAX_FRAME_BYTES = 1 << 20;
+const MAX_FIELDS = 8000;
+
 export const SPAWNER_SOURCE = fileURLToPath(new URL('./spawner.c', import.meta.url));
 
 /** The sandbox's own mount namespace, with its writable layer and overlay root (hardening.ts ownMounts). */
@@ -133,6 +137,11 @@ export class Spawner {
     const exited = new Promise<SpawnResult>((resolve, reject) => {
       if (fields.some((f) => f.includes('\0'))) {
         reject(new ProtocolError('BACKEND_FAILED', `spawn ${req.argv[0]}: an argument holds a NUL byte`));
+        closed();
+        return;
+      }
+      if (fields.length > MAX_FIELDS || fields.reduce((n, f) => n + Buffer.byteLength(f) + 1, 0) > MAX_FRAME_BYTES) {
+        reject(new ProtocolError('BACKEND_FAILED', `spawn ${req.argv[0]}: the command line is too long for the spawner (at most ${MAX_FIELDS} strings, ${MAX_FRAME_BYTES} bytes)`));
         closed();
         return;
       }

@@ -71,6 +71,8 @@ test('a command that never ran says why: exec, setup, and bad arguments', async 
   await t.throwsAsync(s.run({ argv: ['true'], stdinFile: '/no/such/file' }), { message: /open \/no\/such\/file: No such file or directory/ });
   await t.throwsAsync(s.run({ argv: ['true'], stderrFile: '/no/such/dir/err' }), { message: /open \/no\/such\/dir\/err/ });
   await t.throwsAsync(s.run({ argv: ['echo', 'a\0b'] }), { message: /NUL byte/ });
+  await t.throwsAsync(s.run({ argv: ['echo', 'x'.repeat(2 << 20)] }), { message: /too long for the spawner/ });
+  await t.throwsAsync(s.run({ argv: ['echo', ...Array.from({ length: 9000 }, () => 'a')] }), { message: /too long for the spawner/ });
   // And it keeps serving.
   t.is((await s.run({ argv: ['true'] })).code, 0);
 });
