@@ -26,6 +26,7 @@ import { BUSYBOX_IMAGE } from '../../runtime/images/busybox.ts';
 import { PaddockError, type Sandbox } from '../../sdk/index.ts';
 import {
   type BenchCluster,
+  CLK_TCK,
   cgroupCpuSeconds,
   cgroupFile,
   childCgroups,
@@ -117,15 +118,21 @@ interface Window {
   perSec: number;
   p50Ms: number;
   nodeRssBytes: number;
-  /** Node CPU (itself + reaped children: mount, crun) per create in the window. */
+  /** Node CPU (itself + its children: the spawner and the crun runs it reaped) per create in the window. */
   nodeCpuMsPerCreate: number;
-  /** Of which the node process itself (its JavaScript, libuv, V8), and its reaped children (mount, crun). */
+  /** Of which the node process itself (its JavaScript, libuv, V8), and its children. */
   nodeSelfCpuMsPerCreate: number;
   nodeChildrenCpuMsPerCreate: number;
   /** CPU charged to the sandboxes' cgroups per create: crun's setup inside the container, then init. */
   sandboxCpuMsPerCreate: number;
-  /** CPU of the host's pid 1 per create: it reaps every container init that crun leaves orphaned. */
+  /** CPU of the host's pid 1 per create (on the development VM an agent whose cost grows with the number of processes). */
   initCpuMsPerCreate: number;
+  /**
+   * All the host's busy CPU per create: the above, and what none of them is charged for — crun's
+   * work in a new container before it joins the sandbox's cgroup, nats-server, this bench's client,
+   * kernel threads.
+   */
+  hostCpuMsPerCreate: number;
   hostBusyPct: number;
 }
 
@@ -169,6 +176,7 @@ async function createAll(b: BenchCluster, o: Options, group: string): Promise<Cr
       nodeChildrenCpuMsPerCreate: ((cpu.children - win.cpu.children) * 1000) / count,
       sandboxCpuMsPerCreate: ((sb - win.sb) * 1000) / count,
       initCpuMsPerCreate: ((init - win.init) * 1000) / count,
+      hostCpuMsPerCreate: (((host.busy - win.host.busy) / CLK_TCK) * 1000) / count,
       hostBusyPct: (100 * (host.busy - win.host.busy)) / Math.max(1, host.total - win.host.total),
     };
     windows.push(w);
@@ -352,7 +360,7 @@ function humanReport(r: Result): string {
     [`group kill (${live}), until none left`, `${fmt(r.kill.goneMs ?? r.kill.ms, 0)} ms`, '—', r.kill.reply.ok === live ? 'ok' : 'FAIL'],
   ];
   const trend = table([
-    ['creates up to', 'per s', 'p50 ms', 'node RSS MiB', 'CPU-ms/create: node', 'node self', 'node children', 'sandbox', 'pid 1', 'host busy %'],
+    ['creates up to', 'per s', 'p50 ms', 'node RSS MiB', 'CPU-ms/create: node', 'node self', 'node children', 'sandbox', 'pid 1', 'whole host', 'host busy %'],
     ...r.create.windows.map((w) => [
       String(w.upTo),
       fmt(w.perSec, 1),
@@ -363,6 +371,7 @@ function humanReport(r: Result): string {
       fmt(w.nodeChildrenCpuMsPerCreate, 1),
       fmt(w.sandboxCpuMsPerCreate, 1),
       fmt(w.initCpuMsPerCreate, 1),
+      fmt(w.hostCpuMsPerCreate, 1),
       fmt(w.hostBusyPct, 0),
     ]),
   ]);
@@ -385,7 +394,7 @@ function humanReport(r: Result): string {
     '',
     `create: ${live} live in ${fmt(r.create.wallMs / 1000, 1)} s; latency p50 ${fmt(createS.p50, 1)} / p95 ${fmt(createS.p95, 1)} / p99 ${fmt(createS.p99, 1)} ms${errs.length ? `; errors ${errs.join(', ')} — ${r.create.firstError}` : ''}`,
     trend,
-    `create CPU: node ${fmt(avg((w) => w.nodeCpuMsPerCreate), 1)} (self ${fmt(avg((w) => w.nodeSelfCpuMsPerCreate), 1)} + children ${fmt(avg((w) => w.nodeChildrenCpuMsPerCreate), 1)}) + sandbox ${fmt(avg((w) => w.sandboxCpuMsPerCreate), 1)} ms per create on average${last ? ` (${fmt(last.nodeCpuMsPerCreate, 1)} + ${fmt(last.sandboxCpuMsPerCreate, 1)} ms in the last window)` : ''}: ${cpus().length} otherwise idle cores would allow ~${fmt((cpus().length * 1000) / own, 0)} creates/s; pid 1 took ${fmt(avg((w) => w.initCpuMsPerCreate), 1)} ms per create more`,
+    `create CPU: node ${fmt(avg((w) => w.nodeCpuMsPerCreate), 1)} (self ${fmt(avg((w) => w.nodeSelfCpuMsPerCreate), 1)} + children ${fmt(avg((w) => w.nodeChildrenCpuMsPerCreate), 1)}) + sandbox ${fmt(avg((w) => w.sandboxCpuMsPerCreate), 1)} ms per create on average${last ? ` (${fmt(last.nodeCpuMsPerCreate, 1)} + ${fmt(last.sandboxCpuMsPerCreate, 1)} ms in the last window)` : ''}: ${cpus().length} otherwise idle cores would allow ~${fmt((cpus().length * 1000) / own, 0)} creates/s; pid 1 took ${fmt(avg((w) => w.initCpuMsPerCreate), 1)} ms per create more, and the whole host ${fmt(avg((w) => w.hostCpuMsPerCreate), 1)} ms (with crun's work in a container before it joins the sandbox's cgroup, nats-server, this client and kernel threads, which none of the above is charged for)`,
     `supervisor RSS: ${fmt(r.rssBefore / MiB, 0)} MiB before the first create, ${fmt(r.rssAfter / MiB, 0)} MiB with ${live} live (${fmt((r.rssAfter - r.rssBefore) / Math.max(1, live) / 1024, 1)} KiB per sandbox)`,
     `node mount namespace: ${fmt(r.mountsPerSandbox, 2)} mounts per sandbox${r.unified ? `; private tmpfs at cgroup/unified: ${r.unified.files} files, ${fmt(r.unified.usedBytes / MiB, 1)} of ${fmt(r.unified.sizeBytes / MiB, 0)} MiB` : ''}`,
     `exec true: p50 ${fmt(execS.p50)} / p95 ${fmt(execS.p95)} / p99 ${fmt(execS.p99)} ms round-trip (${execS.n} samples); the node's crun exec p50 ${fmt(execNode.p50)} ms`,
