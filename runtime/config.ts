@@ -3,7 +3,7 @@
  * every knob; the README's configuration table is generated from the same names.
  */
 import { cpus, hostname, totalmem } from 'node:os';
-import { join } from 'node:path';
+import { isAbsolute, join, normalize } from 'node:path';
 import { CHRONUS_ENV_DOC } from '../chronus/config.ts';
 import { DEFAULT_HOME } from '../protocol/discovery.ts';
 
@@ -140,6 +140,16 @@ export function sanitizeId(s: string): string {
   return id || 'node';
 }
 
+/**
+ * Where the node builds its C programs: a real directory. Under /proc, /sys or /dev, Node's
+ * recursive mkdir never settles (it spins a CPU), and the node would never become ready.
+ */
+function binDir(dir: string): string {
+  if (!isAbsolute(dir)) throw new Error(`PADDOCK_BIN_DIR=${dir}: must be an absolute path`);
+  if (/^\/(proc|sys|dev)(\/|$)/.test(normalize(dir))) throw new Error(`PADDOCK_BIN_DIR=${dir}: must not be under /proc, /sys or /dev`);
+  return dir;
+}
+
 export function loadConfig(env: NodeJS.ProcessEnv = process.env): NodeConfig {
   const home = env.PADDOCK_HOME || DEFAULT_HOME;
   const nodeId = sanitizeId(env.PADDOCK_NODE_ID || hostname());
@@ -156,7 +166,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): NodeConfig {
       idleMs: numEnv(env, 'PADDOCK_LAYER_IDLE_MS', 60_000),
     },
     nodeDir: join(home, 'nodes', nodeId),
-    binDir: env.PADDOCK_BIN_DIR || '/var/cache/paddock/bin',
+    binDir: binDir(env.PADDOCK_BIN_DIR || '/var/cache/paddock/bin'),
     nodeId,
     natsUrl: env.NATS_URL || undefined,
     placement: (env.PADDOCK_PLACEMENT ?? '1') !== '0',

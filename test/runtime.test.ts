@@ -1,5 +1,6 @@
 /** Host-facing pure logic: cgroup layout detection and the OCI config. */
 import test from 'ava';
+import { loadConfig } from '../runtime/config.ts';
 import { detectCgroups } from '../runtime/cgroups.ts';
 import { MASKED_PATHS, ociConfig } from '../runtime/container/oci.ts';
 import { validateSpec } from '../protocol/index.ts';
@@ -32,4 +33,11 @@ test('oci: limits, namespaces and masked paths follow the spec', (t) => {
   t.true(MASKED_PATHS.includes('/proc/kpagecgroup'));
   const v2 = ociConfig({ spec, image, rootfs: '/r', cgroupsPath: '/p', cgroupMode: 'v2' }) as { linux: { namespaces: { type: string }[] } };
   t.true(v2.linux.namespaces.some((n) => n.type === 'cgroup'));
+});
+
+test('config: PADDOCK_BIN_DIR must be an absolute path outside /proc, /sys and /dev', (t) => {
+  t.is(loadConfig({ PADDOCK_BIN_DIR: '/var/cache/elsewhere' }).binDir, '/var/cache/elsewhere');
+  t.is(loadConfig({}).binDir, '/var/cache/paddock/bin');
+  t.throws(() => loadConfig({ PADDOCK_BIN_DIR: 'relative/bin' }), { message: /must be an absolute path/ });
+  for (const dir of ['/proc/1/bin', '/sys', '//dev/shm/bin']) t.throws(() => loadConfig({ PADDOCK_BIN_DIR: dir }), { message: /not be under \/proc, \/sys or \/dev/ });
 });
