@@ -403,7 +403,18 @@ int main(int argc, char **argv) {
       sealed_fd = seal_copy(sealed_path);
     }
   }
-  if (have_fd3) fcntl(3, F_SETFD, 0);
+  if (have_fd3) {
+    fcntl(3, F_SETFD, 0);
+  } else if (fcntl(3, F_GETFD) >= 0) {
+    fcntl(3, F_SETFD, FD_CLOEXEC);
+  } else {
+    /* Hold fd 3 (on /dev/null) so that none of ours lands there: a child closes 3 unless it is passed. */
+    int n = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (n >= 0 && n != 3) {
+      dup3(n, 3, O_CLOEXEC);
+      close(n);
+    }
+  }
   prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
   /*
    * `crun run -d` leaves the sandbox's init behind as an orphan: as subreaper, this process

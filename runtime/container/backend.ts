@@ -27,7 +27,7 @@ import { NS_MARK } from '../launch.ts';
 import { RootFiles } from '../files.ts';
 import type { LayerManager } from '../images/layers.ts';
 import { BUSYBOX_INIT } from '../images/busybox.ts';
-import { waitExecuted } from '../images/started.ts';
+import { readText, waitExecuted } from '../images/started.ts';
 import { buildStaticBinary } from '../static-binary.ts';
 import { type MountPlan, resolveProgram, Spawner } from '../spawner.ts';
 import type { Logger } from 'pino';
@@ -72,7 +72,7 @@ export class ContainerBackend implements Backend {
    * (busybox's reaps orphans late; `sleep infinity` never).
    */
   private initBinary?: FileHandle;
-  /** Starts `crun run` and `crun delete` (spawner.ts: forking the node for each held its event loop). */
+  /** Starts `crun run`, `crun exec` and `crun delete` (spawner.ts: forking the node for each held its event loop). */
   private spawn?: Spawner;
   /** Whether cgroup migrations skip their RCU wait (cgroups.ts favorDynamicCgroups). */
   dynamicCgroups = false;
@@ -316,7 +316,7 @@ export class ContainerBackend implements Backend {
     }
     if (root !== undefined) closeSync(root);
     // The init writes why it could not start (an image init that does not exist, say) to crun's error file.
-    const why = readFileOr(join(this.dir(id), 'crun.err')).trim();
+    const why = (readText(join(this.dir(id), 'crun.err')) ?? '').trim();
     throw new ProtocolError('BACKEND_FAILED', why ? `init: ${why}` : `the init of ${id} (pid ${pid}) is gone or not in its cgroup`);
   }
 
@@ -409,15 +409,6 @@ export class ContainerBackend implements Backend {
     // The layers themselves are unmounted by their LayerManager, which the node closes after this.
     await this.removeCgroup(`/paddock/${this.opts.nodeId}`);
     await this.removeCgroup('/paddock');
-  }
-}
-
-/** A small file's text, or '' if it cannot be read (on tmpfs or procfs: see create). */
-function readFileOr(path: string): string {
-  try {
-    return readFileSync(path, 'utf8');
-  } catch {
-    return '';
   }
 }
 

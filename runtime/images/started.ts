@@ -26,11 +26,11 @@ export async function waitExecuted(o: { pidFile: string; init: string[]; timeout
 }
 
 /**
- * Synchronous: the pid file is on the node's run tmpfs and comm in procfs, neither ever waits on a
- * disk, and a read through libuv's thread pool (open, fstat, read, close: four round trips) costs
- * the node more than the file does.
+ * A small file's text, or undefined if it cannot be read. Synchronous, for files on tmpfs or procfs
+ * only (the node's run directory, /proc/<pid>/…): those never wait on a disk, and a read through
+ * libuv's thread pool (open, fstat, read, close: four round trips) costs the node more than the file.
  */
-function readText(path: string): string | undefined {
+export function readText(path: string): string | undefined {
   try {
     return readFileSync(path, 'utf8');
   } catch {
