@@ -26,9 +26,10 @@ export async function waitExecuted(o: { pidFile: string; init: string[]; timeout
 }
 
 /**
- * A small file's text, or undefined if it cannot be read. Synchronous, for files on tmpfs or procfs
- * only (the node's run directory, /proc/<pid>/…): those never wait on a disk, and a read through
- * libuv's thread pool (open, fstat, read, close: four round trips) costs the node more than the file.
+ * A small file's text, or undefined if it cannot be read. Synchronous, for files on tmpfs, procfs or
+ * cgroupfs only (the node's run directory, /proc/<pid>/…, a sandbox's cgroup counters): those never
+ * wait on a disk, and a read through libuv's thread pool (open, fstat, read, close: four round trips)
+ * costs the node more than the file.
  */
 export function readText(path: string): string | undefined {
   try {
