@@ -73,24 +73,20 @@ export class SandboxHost {
         for (const c of h.execs.values()) c.abort();
         await h.deps.backend.destroy(h.id);
       }),
-      pause: fromPromise(async ({ system }) => {
-        const h = SandboxHost.of(system);
-        await h.deps.backend.pause(h.id);
-      }),
-      resume: fromPromise(async ({ system }) => {
-        const h = SandboxHost.of(system);
-        await h.deps.backend.resume(h.id);
-      }),
-      hibernate: fromPromise(async ({ system }) => {
-        const h = SandboxHost.of(system);
-        return h.deps.backend.hibernate(h.id);
-      }),
-      restore: fromPromise(async ({ system }) => {
-        const h = SandboxHost.of(system);
-        await h.deps.backend.restore(h.id);
-      }),
+      pause: SandboxHost.verb((b, id) => b.pause(id)),
+      resume: SandboxHost.verb((b, id) => b.resume(id)),
+      hibernate: SandboxHost.verb((b, id) => b.hibernate(id)),
+      restore: SandboxHost.verb((b, id) => b.restore(id)),
     },
   });
+
+  /** A backend call on the sandbox of the actor that invokes it. */
+  private static verb<T>(call: (backend: Backend, id: string) => Promise<T>) {
+    return fromPromise<T, { id: string }>(async ({ system }) => {
+      const h = SandboxHost.of(system);
+      return call(h.deps.backend, h.id);
+    });
+  }
 
   // biome-ignore lint/suspicious/noExplicitAny: see `hosts`
   private static of(system: ActorSystem<any>): SandboxHost {

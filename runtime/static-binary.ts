@@ -1,8 +1,9 @@
 /**
- * Small static C programs the node hands into sandboxes (the sandbox init, FnCall's runner): built
- * with the host's C compiler once per source version, named by the hash of their source so that an
- * edited program is rebuilt and nodes sharing a directory share one binary. Static, they run in any
- * image, busybox included, and need nothing from it.
+ * The node's small static C programs (the sandbox init and FnCall's runner, which it hands into
+ * sandboxes, and its process spawner): built with the host's C compiler once per source version,
+ * named by the hash of their source so that an edited program is rebuilt and nodes sharing a
+ * directory share one binary. Static, they run in any image, busybox included, and need nothing
+ * from it.
  */
 import { createHash, randomBytes } from 'node:crypto';
 import { access, mkdir, readFile, rename, rm } from 'node:fs/promises';

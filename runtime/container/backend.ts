@@ -27,7 +27,8 @@ import { NS_MARK } from '../launch.ts';
 import { RootFiles } from '../files.ts';
 import type { LayerManager } from '../images/layers.ts';
 import { BUSYBOX_INIT } from '../images/busybox.ts';
-import { readText, waitExecuted } from '../images/started.ts';
+import { waitExecuted } from '../images/started.ts';
+import { readText } from '../sync-read.ts';
 import { buildStaticBinary } from '../static-binary.ts';
 import { type MountPlan, resolveProgram, Spawner } from '../spawner.ts';
 import type { Logger } from 'pino';
@@ -242,11 +243,11 @@ export class ContainerBackend implements Backend {
   }
 
   exec(id: string, opts: ExecOptions): Promise<ExecOutcome> {
+    const p = this.running(id);
     const pidFile = join(this.dir(id), `exec-${++this.execSeq}.pid`);
-    const p = this.procs.get(id);
-    const env = { ...p?.env, ...opts.env };
+    const env = { ...p.env, ...opts.env };
     const watch = new LimitWatch(this.cgroupMode, this.cgroupPath(id));
-    return judged(watch, this.rootOf(id), opts.signal, (signal) => execInContainer({ spawner: this.spawner(), crun: this.crun, idle: p?.idle ?? false, root: this.crunRoot, id, pidFile, process: p?.process }, { ...opts, cwd: opts.cwd ?? p?.cwd, env, signal }));
+    return judged(watch, this.rootOf(id), opts.signal, (signal) => execInContainer({ spawner: this.spawner(), crun: this.crun, idle: p.idle, root: this.crunRoot, id, pidFile, process: p.process }, { ...opts, cwd: opts.cwd ?? p.cwd, env, signal }));
   }
 
   pause(id: string): Promise<void> {
@@ -322,9 +323,14 @@ export class ContainerBackend implements Backend {
 
   /** The sandbox's `/` (overlayfs reports the writable layer's free space there too). */
   private rootOf(id: string): string {
-    const root = this.procs.get(id)?.root;
-    if (root === undefined) throw new ProtocolError('INVALID_STATE', `sandbox ${id} has no running init`);
-    return `/proc/self/fd/${root}`;
+    return `/proc/self/fd/${this.running(id).root}`;
+  }
+
+  /** A sandbox whose init runs (its root is held), or INVALID_STATE. */
+  private running(id: string): SandboxProc & { root: number } {
+    const p = this.procs.get(id);
+    if (p?.root === undefined) throw new ProtocolError('INVALID_STATE', `sandbox ${id} has no running init`);
+    return p as SandboxProc & { root: number };
   }
 
   async destroy(id: string): Promise<void> {

@@ -70,27 +70,20 @@ export interface CrunExecArgs {
   id: string;
   pidFile: string;
   /**
-   * The container's own OCI `process` (capabilities, user, rlimits, noNewPrivileges): given, the
-   * exec goes to crun as a process file built on it. `crun exec <cmd>` would give the command the
+   * The container's own OCI `process` (capabilities, user, rlimits, noNewPrivileges): the exec goes
+   * to crun as a process file built on it. `crun exec <cmd>` would give the command the
    * node's rlimits rather than the config's; the file carries them without a `prlimit` in front
    * (one exec less: ~0.7 ms of every exec, measured here).
    */
-  process?: Record<string, unknown>;
+  process: Record<string, unknown>;
 }
 
 export async function execInContainer(a: CrunExecArgs, opts: ExecOptions): Promise<ExecOutcome> {
-  const args = [a.crun, '--root', a.root, 'exec', '--pid-file', a.pidFile];
-  // The pid and process files are on the node's run tmpfs: written synchronously (see backend create).
-  const processFile = a.process ? `${a.pidFile}.json` : undefined;
-  if (a.process && processFile) {
-    const env = Object.entries(opts.env ?? {}).map(([k, v]) => `${k}=${v}`);
-    writeFileSync(processFile, JSON.stringify({ ...a.process, args: opts.cmd, env, cwd: opts.cwd ?? '/', terminal: false }));
-    args.push('--process', processFile, a.id);
-  } else {
-    if (opts.cwd) args.push('--cwd', opts.cwd);
-    for (const [k, v] of Object.entries(opts.env ?? {})) args.push('--env', `${k}=${v}`);
-    args.push(a.id, ...opts.cmd);
-  }
+  // The pid, process and stdin files are on the node's run tmpfs: written synchronously (see backend create).
+  const processFile = `${a.pidFile}.json`;
+  const env = Object.entries(opts.env ?? {}).map(([k, v]) => `${k}=${v}`);
+  writeFileSync(processFile, JSON.stringify({ ...a.process, args: opts.cmd, env, cwd: opts.cwd ?? '/', terminal: false }));
+  const args = [a.crun, '--root', a.root, 'exec', '--pid-file', a.pidFile, '--process', processFile, a.id];
   const stdinFile = opts.stdin && opts.stdin.length > 0 ? `${a.pidFile}.stdin` : undefined;
   if (stdinFile && opts.stdin) writeFileSync(stdinFile, opts.stdin);
 
@@ -160,7 +153,7 @@ export async function execInContainer(a: CrunExecArgs, opts: ExecOptions): Promi
       opts.signal?.removeEventListener('abort', onAbort);
       child.release();
       void rm(a.pidFile, { force: true });
-      if (processFile) void rm(processFile, { force: true });
+      void rm(processFile, { force: true });
       if (stdinFile) void rm(stdinFile, { force: true });
       const code = exitCode ?? 1;
       let signal: string | undefined;

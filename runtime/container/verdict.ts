@@ -8,7 +8,7 @@
  * why), then TIMEOUT and OUTPUT_LIMIT (what Paddock did about it).
  */
 import { statfs } from 'node:fs/promises';
-import { readText } from '../images/started.ts';
+import { readText } from '../sync-read.ts';
 import type { ExecVerdict } from '../../protocol/index.ts';
 import type { ExecOutcome } from '../backend.ts';
 import { type CgroupMode, cgroupDir } from '../cgroups.ts';

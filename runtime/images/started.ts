@@ -5,8 +5,8 @@
  * process is not dumpable and `crun exec` cannot join its namespaces (setns: EPERM). The kernel
  * renames the process (`comm`) at that point, so that is what we wait for.
  */
-import { readFileSync } from 'node:fs';
 import { basename } from 'node:path';
+import { readText } from '../sync-read.ts';
 
 /**
  * `pidFile`: what `crun run --pid-file` wrote (reading it saves a `crun state` spawn per create).
@@ -22,19 +22,5 @@ export async function waitExecuted(o: { pidFile: string; init: string[]; timeout
     // Gone (the init failed: crun's error says why elsewhere) or renamed: either way, done waiting.
     if (comm === undefined || comm === want || Date.now() > deadline) return pid;
     await new Promise((r) => setTimeout(r, delay));
-  }
-}
-
-/**
- * A small file's text, or undefined if it cannot be read. Synchronous, for files on tmpfs, procfs or
- * cgroupfs only (the node's run directory, /proc/<pid>/…, a sandbox's cgroup counters): those never
- * wait on a disk, and a read through libuv's thread pool (open, fstat, read, close: four round trips)
- * costs the node more than the file.
- */
-export function readText(path: string): string | undefined {
-  try {
-    return readFileSync(path, 'utf8');
-  } catch {
-    return undefined;
   }
 }
