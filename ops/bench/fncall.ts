@@ -10,7 +10,11 @@
  *   c        a small C program compiled, then run          (floor: gcc -O2 … && ./a.out)
  *   judge10  a python solution judged against 10 tests     (floor: 10 × python3 with each stdin, compared)
  * For each: latency (sequential calls after warm-ups: p50, p99) and throughput (K calls in flight,
- * invocations per second). The floor runs as a generated bash loop timed with $EPOCHREALTIME, as
+ * invocations per second). Then the limits: an infinite loop under a 300 ms CPU limit, invoked
+ * one after another — its latency (p50/p95, beside the limit itself: what a caller waits for a
+ * TIME_LIMIT verdict), the time it queued for a member, and how long the node took to make a
+ * member fresh again after the kill (the pool's own measure, from the end of the invocation to
+ * the member being ready for the next caller). The floor runs as a generated bash loop timed with $EPOCHREALTIME, as
  * in the spine benchmark: the cheapest way to start the program, so the floor is what the program
  * itself costs (spawning it from Node instead costs ~2× as much: a fork of a 100 MB process).
  * The host's /usr/bin/python3 is Debian bookworm's, the same interpreter as the `python` image's.
@@ -313,6 +317,41 @@ function cpuOfPaddock(cluster: LocalCluster): () => number {
   };
 }
 
+/** A TIME_LIMIT invocation: what the caller waits, what it queued, and the member's recycle. */
+interface LimitRow {
+  limitMs: number;
+  n: number;
+  p50: number;
+  p95: number;
+  queuedP50: number;
+  recycleP50: number;
+  recycleMax: number;
+}
+
+const LOOP_LIMIT_MS = 300;
+
+async function measureTimeLimit(pdk: Paddock, node: string, quick: boolean): Promise<LimitRow> {
+  // The pool keeps its last 64 recycle times: in a full run all of them are these kills.
+  const n = quick ? 8 : 64;
+  const lat: number[] = [];
+  const queued: number[] = [];
+  for (let i = 0; i < n; i++) {
+    const a = performance.now();
+    const r = await pdk.fn.invoke({ language: 'python', code: 'while True:\n    pass\n', limits: { timeMs: LOOP_LIMIT_MS } });
+    lat.push(performance.now() - a);
+    if (r.verdict !== 'TIME_LIMIT') throw new Error(`an infinite loop gave ${r.verdict}: ${r.reason ?? ''}`);
+    queued.push(r.queuedMs);
+  }
+  // Let the last kill's reset finish before reading the pool's figures.
+  await new Promise((r) => setTimeout(r, 500));
+  const pools = ((await pdk.nodes.info(node)) as { fnPools?: Record<string, { recycleP50Ms: number; recycleMaxMs: number }> }).fnPools;
+  const s = summarize(lat);
+  const p95 = [...lat].sort((x, y) => x - y)[Math.min(lat.length - 1, Math.floor(lat.length * 0.95))] as number;
+  const row = { limitMs: LOOP_LIMIT_MS, n, p50: s.p50, p95, queuedP50: summarize(queued).p50, recycleP50: pools?.python?.recycleP50Ms ?? Number.NaN, recycleMax: pools?.python?.recycleMaxMs ?? Number.NaN };
+  progress(`time limit: p50 ${row.p50.toFixed(1)} ms, p95 ${row.p95.toFixed(1)} ms for a ${LOOP_LIMIT_MS} ms limit; queued p50 ${row.queuedP50.toFixed(1)} ms; member recycle p50 ${row.recycleP50} ms, max ${row.recycleMax} ms`);
+  return row;
+}
+
 interface Row {
   fncall: Measure;
   floor: Measure;
@@ -321,7 +360,7 @@ interface Row {
 
 const fmt = (x: number) => (Number.isFinite(x) ? x.toFixed(1) : '—');
 
-function report(rows: Record<string, Row>, o: Options): string {
+function report(rows: Record<string, Row>, limit: LimitRow, o: Options): string {
   const lines = [
     `FnCall — ${cpus().length} cores, ${o.concurrency} calls in flight for throughput (and ${o.concurrency} members per FnCall pool), floor and FnCall taking turns every ~${TURN * o.concurrency} calls${o.quick ? ' (--quick: fewer samples)' : ''}; load average at the end ${loadavg()
       .map((x) => x.toFixed(1))
@@ -352,10 +391,15 @@ function report(rows: Record<string, Row>, o: Options): string {
         `CPU per invocation ${(r.fncall.cpuMs / r.floor.cpuMs).toFixed(2)}× the floor's`,
     );
   }
+  lines.push(
+    '',
+    `time limit (python infinite loop, ${limit.limitMs} ms CPU, ${limit.n} calls one after another): verdict after p50 ${fmt(limit.p50)} ms, p95 ${fmt(limit.p95)} ms ` +
+      `(${(limit.p50 / limit.limitMs).toFixed(2)}× the limit); queued p50 ${fmt(limit.queuedP50)} ms; member recycle after the kill p50 ${fmt(limit.recycleP50)} ms, max ${fmt(limit.recycleMax)} ms`,
+  );
   return lines.join('\n');
 }
 
-function json(rows: Record<string, Row>): string {
+function json(rows: Record<string, Row>, limit: LimitRow): string {
   const out: Record<string, unknown> = {};
   for (const [name, r] of Object.entries(rows)) {
     out[name] = {
@@ -373,6 +417,7 @@ function json(rows: Record<string, Row>): string {
       sandboxCpuMs: round3(r.sandbox.cpuMs),
     };
   }
+  out.timeLimit = { limitMs: limit.limitMs, p50Ms: round3(limit.p50), p95Ms: round3(limit.p95), queuedP50Ms: round3(limit.queuedP50), recycleP50Ms: limit.recycleP50, recycleMaxMs: limit.recycleMax };
   return JSON.stringify(out);
 }
 
@@ -441,8 +486,9 @@ async function main(): Promise<void> {
       const sandbox = await compare(w.name, { sandbox: sdkBatch(w.sandbox(client), cpu) }, w.latency[1], w.calls[1], o.concurrency);
       rows[w.name] = { ...both, ...sandbox };
     }
-    process.stdout.write(`${report(rows, o)}\n`);
-    if (o.json) process.stdout.write(`${json(rows)}\n`);
+    const limit = await measureTimeLimit(client, node, o.quick);
+    process.stdout.write(`${report(rows, limit, o)}\n`);
+    if (o.json) process.stdout.write(`${json(rows, limit)}\n`);
   } finally {
     await cleanUp();
   }

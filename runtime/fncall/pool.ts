@@ -45,6 +45,11 @@ class ImagePool {
   failedAt = 0;
   lastError?: unknown;
   retryTimer?: NodeJS.Timeout;
+  /**
+   * How long the last members took from the end of their invocation until they could serve again
+   * (reset, or replacement when they could not be reset), ms: what a caller queued behind them waits.
+   */
+  readonly recycleMs: number[] = [];
   constructor(
     readonly image: string,
     readonly warm: number,
@@ -68,6 +73,24 @@ function backoffMs(failures: number): number {
 function hopeless(err: unknown, failures: number): boolean {
   return failures >= FAILURES_TO_GIVE_UP || (err instanceof ProtocolError && !ErrorCodes[err.code].retryable);
 }
+
+export interface PoolStats {
+  members: number;
+  idle: number;
+  warm: number;
+  /** Over the last resets (see RECYCLE_SAMPLES): 0 before the first. */
+  recycleP50Ms: number;
+  recycleMaxMs: number;
+}
+
+const RECYCLE_SAMPLES = 64;
+
+function record(window: number[], ms: number): void {
+  window.push(ms);
+  if (window.length > RECYCLE_SAMPLES) window.shift();
+}
+
+const round1 = (x: number) => Math.round(x * 10) / 10;
 
 export class Pools {
   private readonly pools = new Map<string, ImagePool>();
@@ -163,10 +186,12 @@ export class Pools {
     this.heldAt.delete(m);
     if (heldAt !== undefined) this.holdMs = this.holdMs * 0.9 + (performance.now() - heldAt) * 0.1;
     const p = this.pool(m.image);
+    const freed = performance.now();
     void (async () => {
       if (!broken && m.alive && m.uses < this.o.recycleAfter && !this.stopping) {
         try {
           await m.reset();
+          record(p.recycleMs, performance.now() - freed);
           this.offer(p, m);
           return;
         } catch (err) {
@@ -294,10 +319,13 @@ export class Pools {
     }
   }
 
-  /** Members per image: total and idle. */
-  stats(): Record<string, { members: number; idle: number; warm: number }> {
-    const out: Record<string, { members: number; idle: number; warm: number }> = {};
-    for (const p of this.pools.values()) out[p.image] = { members: p.members.size, idle: p.idle.length, warm: p.warm };
+  /** Members per image: total and idle, and how long the recent resets took (p50, max; ms). */
+  stats(): Record<string, PoolStats> {
+    const out: Record<string, PoolStats> = {};
+    for (const p of this.pools.values()) {
+      const r = [...p.recycleMs].sort((a, b) => a - b);
+      out[p.image] = { members: p.members.size, idle: p.idle.length, warm: p.warm, recycleP50Ms: r.length ? round1(r[Math.floor(r.length / 2)] as number) : 0, recycleMaxMs: r.length ? round1(r[r.length - 1] as number) : 0 };
+    }
     return out;
   }
 
