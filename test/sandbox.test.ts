@@ -64,12 +64,15 @@ test('output past the cap comes back truncated, and the command is killed', asyn
 test('a timeout kills the whole process tree and returns the partial output', async (t) => {
   const sb = await t.context.pdk.sandboxes.create({});
   t.teardown(() => sb.kill());
-  // Long enough for `echo` to run on a loaded host; the sleeps outlast it by far.
-  const r = await sb.exec(['sh', '-c', 'echo started; sleep 300 & sleep 301; echo never'], { timeoutMs: 2000 });
+  // Long enough for `echo` to run however slow this host is: scaled by what an exec takes here
+  // (a loaded 2-core machine once took over 2 s to start one). The sleeps outlast it by far.
+  const probe = await sb.exec(['echo']);
+  const timeoutMs = Math.max(2000, Math.ceil(20 * probe.durationMs));
+  const r = await sb.exec(['sh', '-c', 'echo started; sleep 300 & sleep 301; echo never'], { timeoutMs });
   t.true(r.timedOut);
   t.is(r.stdout, 'started\n');
   t.is(r.exitCode, 137);
-  t.true(r.durationMs >= 2000, `durationMs ${r.durationMs}`);
+  t.true(r.durationMs >= timeoutMs, `durationMs ${r.durationMs}`);
   const ps = await sb.exec(['ps']);
   t.notRegex(ps.stdout, /sleep 30[01]/);
 });
