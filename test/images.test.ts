@@ -61,6 +61,30 @@ async function layerStats(pdk: Paddock, node: string) {
   return info.layers;
 }
 
+test('layer digests are reproducible: the same tree gives the same digest, built twice or copied', async (t) => {
+  const store = new ImageStore(join(t.context.scratch, 'repro-store'));
+  await store.init();
+  const tree = async (dir: string) => {
+    await mkdir(join(dir, 'sub'), { recursive: true });
+    await writeFile(join(dir, 'a.txt'), 'alpha\n');
+    await writeFile(join(dir, 'sub', 'b.bin'), Buffer.alloc(70_000, 7));
+    await chmod(join(dir, 'sub', 'b.bin'), 0o755);
+  };
+  const one = join(t.context.scratch, 'repro-1');
+  const two = join(t.context.scratch, 'repro-2');
+  await tree(one);
+  // Another directory, made later, with other mtimes and inode numbers: the same content.
+  await new Promise((r) => setTimeout(r, 1100));
+  await tree(two);
+  const a = await store.buildLayer(one);
+  const b = await store.buildLayer(one);
+  const c = await store.buildLayer(two);
+  t.is(a.digest, b.digest);
+  t.is(a.digest, c.digest);
+  await writeFile(join(two, 'a.txt'), 'beta\n');
+  t.not((await store.buildLayer(two)).digest, a.digest, 'other content, another digest');
+});
+
 test('chunk index: every chunk checks, a flipped byte does not', async (t) => {
   const f = join(t.context.scratch, 'blob');
   const data = randomBytes(3 * DEFAULT_CHUNK + 123);

@@ -85,6 +85,8 @@ export function checkManifest(m: unknown, name?: string): ImageManifest {
   return m as ImageManifest;
 }
 
+const NULL_UUID = '00000000-0000-0000-0000-000000000000';
+
 export class ImageStore {
   /** Layers this process turned into blobs with mkfs.erofs (the O(m) update test counts them). */
   builds = 0;
@@ -126,8 +128,12 @@ export class ImageStore {
   async buildLayer(dir: string): Promise<LayerRef> {
     const tmp = this.tmpPath('layer');
     try {
-      // -T0 and --all-root make the blob a function of the tree's content: same tree, same digest.
-      await run('mkfs.erofs', ['--quiet', '-T0', '--all-root', tmp, dir], { timeoutMs: 600_000 });
+      // The blob must be a function of the tree's content (same tree, same digest): -T0 fixes
+      // every timestamp, --all-root the owners, and -U the filesystem UUID, which mkfs.erofs
+      // otherwise draws at random (bytes 1029–1044 of the superblock). The null UUID, because
+      // overlayfs uses lower layers' UUIDs only to decode file handles (index, nfs_export: off
+      // here): null means none, where layers sharing one non-null UUID are flagged as duplicates.
+      await run('mkfs.erofs', ['--quiet', '-T0', '--all-root', `-U${NULL_UUID}`, tmp, dir], { timeoutMs: 600_000 });
       this.builds++;
       return await this.importBlob(tmp);
     } finally {
