@@ -50,22 +50,30 @@ const zero = (): Resources => ({ cpu: 0, memoryMiB: 0, sandboxes: 0 });
 
 /** Why `need` does not fit (null when it does). Pure: used by the guard and to explain refusals. */
 export function refusal(ctx: NodeContext, need: Resources): string | null {
-  for (const k of ['cpu', 'memoryMiB', 'sandboxes'] as const) {
-    const free = ctx.capacity[k] - ctx.allocated[k];
+  for (const k of COUNTED) {
+    const cap = ctx.capacity[k];
+    if (cap === undefined) continue;
+    const free = cap - (ctx.allocated[k] ?? 0);
     // A small epsilon: CPU is fractional and sums of 0.1 drift.
-    if (need[k] > free + 1e-9) return `${k}: need ${need[k]}, free ${Math.max(0, round(free))} of ${ctx.capacity[k]}`;
+    if ((need[k] ?? 0) > free + 1e-9) return `${k}: need ${need[k]}, free ${Math.max(0, round(free))} of ${cap}`;
   }
   return null;
 }
 
 const round = (x: number) => Math.round(x * 1000) / 1000;
 
+/** What admission counts; pids and diskMiB only on nodes whose capacity names them. */
+const COUNTED = ['cpu', 'memoryMiB', 'sandboxes', 'pids', 'diskMiB'] as const;
+
 function add(a: Resources, b: Resources, sign: 1 | -1): Resources {
-  return {
+  const r: Resources = {
     cpu: round(a.cpu + sign * b.cpu),
     memoryMiB: a.memoryMiB + sign * b.memoryMiB,
     sandboxes: a.sandboxes + sign * b.sandboxes,
   };
+  if (a.pids !== undefined || b.pids !== undefined) r.pids = (a.pids ?? 0) + sign * (b.pids ?? 0);
+  if (a.diskMiB !== undefined || b.diskMiB !== undefined) r.diskMiB = (a.diskMiB ?? 0) + sign * (b.diskMiB ?? 0);
+  return r;
 }
 
 export const nodeMachine = setup({

@@ -28,7 +28,7 @@ import {
   validateStep,
 } from '../protocol/index.ts';
 import type { StepJournal } from '../chronus/journal.ts';
-import type { Backend, ExecOutcome } from '../runtime/backend.ts';
+import { type Backend, EXEC_KILLED, type ExecOutcome } from '../runtime/backend.ts';
 import type { ImageManifest } from '../runtime/images/store.ts';
 import { type Request, STREAMED, serve } from './bind.ts';
 import { allows, isAsleep, isFinal, publicState, type SandboxContext, type SandboxEvent, sandboxMachine } from './sandbox.ts';
@@ -70,7 +70,8 @@ export class SandboxHost {
       }),
       destroy: fromPromise(async ({ system }) => {
         const h = SandboxHost.of(system);
-        for (const c of h.execs.values()) c.abort();
+        // The reason tells the exec's verdict (KILLED) from a caller's cancel (CANCELLED).
+        for (const c of h.execs.values()) c.abort(EXEC_KILLED);
         await h.deps.backend.destroy(h.id);
       }),
       pause: SandboxHost.verb((b, id) => b.pause(id)),
@@ -160,6 +161,11 @@ export class SandboxHost {
     await this.until(['running', 'stopped', 'failed']);
     await this.published;
     return this.info;
+  }
+
+  /** The backend saw the sandbox end by itself (its init died): it fails with reason `crashed`. */
+  crashed(why: string): void {
+    this.actor.send({ type: 'CRASHED', error: { code: 'BACKEND_FAILED', message: `sandbox ${this.id} crashed: ${why}`, retryable: false } });
   }
 
   /** Kills the sandbox; resolves once it is gone and its final record is published. */

@@ -53,6 +53,6 @@ export type {
 } from './messages.ts';
 export { Buckets, FN_QUEUE, isSandboxVerb, isToken, NodeVerbs, PLACEMENT_QUEUE, PREFIX, parseSandboxSubject, SandboxVerbs, Streams, subjects } from './subjects.ts';
 export type { NodeVerb, SandboxVerb } from './subjects.ts';
-export { Limits, optionalCount, requireRecord, validateExec, validateFnInvoke, validatePath, validateSpec, validateStep } from './validate.ts';
+export { diskMiBOf, Limits, optionalCount, requireRecord, validateExec, validateFnInvoke, validatePath, validateSpec, validateStep } from './validate.ts';
 export type { FnInvoke } from './validate.ts';
 export { newSandboxId } from './ids.ts';

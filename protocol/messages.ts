@@ -125,9 +125,11 @@ export interface ExecRequest {
 /**
  * How an exec ended: `OK` when it ran to its own end, else the limit that stopped it (the exit
  * code then tells what the process saw). Counter-based verdicts (pids, memory) cover the whole
- * sandbox during the exec, so two concurrent execs may both see one limit hit.
+ * sandbox during the exec, so two concurrent execs may both see one limit hit. `CANCELLED`: the
+ * caller cancelled it (exec.cancel, or a stream given up); `KILLED`: its sandbox was killed, or
+ * ended, while it ran.
  */
-export const ExecVerdicts = ['OK', 'TIMEOUT', 'OUTPUT_LIMIT', 'MEMORY_LIMIT', 'PIDS_LIMIT', 'DISK_LIMIT'] as const;
+export const ExecVerdicts = ['OK', 'TIMEOUT', 'OUTPUT_LIMIT', 'MEMORY_LIMIT', 'PIDS_LIMIT', 'DISK_LIMIT', 'CANCELLED', 'KILLED'] as const;
 export type ExecVerdict = (typeof ExecVerdicts)[number];
 
 export interface ExecResult {
@@ -188,7 +190,10 @@ export interface FilesListRequest {
 }
 export type FileType = 'file' | 'dir' | 'symlink' | 'other';
 export interface FileEntry {
+  /** The name as text (a name that is not valid UTF-8 has U+FFFD where its bad bytes are: see nameBytes). */
   name: string;
+  /** File names are bytes: set, with the name exactly, when they are not valid UTF-8. */
+  nameBytes?: Uint8Array;
   type: FileType;
   size: number;
   mode: number;
@@ -297,6 +302,10 @@ export interface Resources {
   cpu: number;
   memoryMiB: number;
   sandboxes: number;
+  /** Processes (the specs' pidsLimit): the host's pid_max is one table for every sandbox. Absent = not counted. */
+  pids?: number;
+  /** Writable layers (the specs' diskMiB, which the container backend keeps in RAM). Absent = not counted. */
+  diskMiB?: number;
 }
 
 /** Every reply is one of these. */

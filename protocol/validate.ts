@@ -43,6 +43,16 @@ export const Limits = {
   },
 } as const;
 
+/**
+ * The writable layer a spec gets: its diskMiB, or by default half its memory (at most
+ * Limits.diskMiB.default). The container backend keeps the layer in RAM charged to the sandbox's
+ * memory: with a layer as large as the memory (512 MiB of disk on 256 MiB of memory used to be the
+ * default), a disk filler ended in MEMORY_LIMIT and left no memory for even `echo ok`.
+ */
+export function diskMiBOf(spec: Pick<SandboxSpec, 'memoryMiB' | 'diskMiB'>): number {
+  return spec.diskMiB ?? Math.max(Limits.diskMiB.min, Math.min(Limits.diskMiB.default, Math.floor(spec.memoryMiB / 2)));
+}
+
 const LABEL_KEY = /^[A-Za-z0-9][A-Za-z0-9_./-]*$/;
 const ENV_KEY = /^[A-Za-z_][A-Za-z0-9_]*$/;
 const IMAGE = /^[a-z0-9][a-z0-9._-]{0,127}(:[A-Za-z0-9._-]{1,128})?$/;

@@ -29,9 +29,17 @@ export interface ExecOutcome {
   durationMs: number;
   truncated: boolean;
   timedOut: boolean;
+  /** Its stderr said ENOSPC ("No space left on device"), the one trace a refused fallocate or a full inode table leaves. */
+  noSpace?: boolean;
   /** Which limit ended the exec, when the backend can tell (see runtime/container/verdict.ts). */
   verdict?: ExecVerdict;
 }
+
+/**
+ * The abort reason a sandbox's host gives the signal of each exec still running when the sandbox
+ * is killed: the exec's verdict is then KILLED; any other abort is the caller's (CANCELLED).
+ */
+export const EXEC_KILLED = 'killed';
 
 export interface Backend {
   readonly kind: BackendKind;

@@ -36,6 +36,12 @@ export interface NodeConfig {
   placement: boolean;
   overcommit: { cpu: number; memory: number };
   maxSandboxes: number;
+  /**
+   * Admission of pids and writable layers (runtime/pids.ts): fixed numbers when set
+   * (PADDOCK_NODE_PIDS, PADDOCK_NODE_DISK_MIB), else what the host has; `raisePidMax` lets the
+   * node raise kernel.pid_max at start (PADDOCK_RAISE_PID_MAX=0: never).
+   */
+  capacity: { pids?: number; diskMiB?: number; raisePidMax: boolean };
   /** Default cap on stdout and on stderr of one exec. */
   maxOutputBytes: number;
   heartbeatMs: number;
@@ -172,6 +178,11 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): NodeConfig {
     placement: (env.PADDOCK_PLACEMENT ?? '1') !== '0',
     overcommit: { cpu: numEnv(env, 'PADDOCK_CPU_OVERCOMMIT', 16), memory: numEnv(env, 'PADDOCK_MEMORY_OVERCOMMIT', 1.5) },
     maxSandboxes: numEnv(env, 'PADDOCK_MAX_SANDBOXES', 4096),
+    capacity: {
+      ...(env.PADDOCK_NODE_PIDS ? { pids: numEnv(env, 'PADDOCK_NODE_PIDS', 0) } : {}),
+      ...(env.PADDOCK_NODE_DISK_MIB ? { diskMiB: numEnv(env, 'PADDOCK_NODE_DISK_MIB', 0) } : {}),
+      raisePidMax: (env.PADDOCK_RAISE_PID_MAX ?? '1') !== '0',
+    },
     maxOutputBytes: numEnv(env, 'PADDOCK_MAX_OUTPUT_BYTES', 1024 * 1024),
     heartbeatMs: numEnv(env, 'PADDOCK_HEARTBEAT_MS', 2000),
     createConcurrency: numEnv(env, 'PADDOCK_CREATE_CONCURRENCY', 8),

@@ -3,6 +3,7 @@
  * sandbox actor per sandbox, a heartbeat in `pdk_nodes`, and (optionally) a placement replica.
  */
 import { cpus, totalmem } from 'node:os';
+import { ensurePidMax, pidCapacity } from './pids.ts';
 import { type KV, Kvm } from '@nats-io/kv';
 import { connect, type NatsConnection, type Subscription } from '@nats-io/transport-node';
 import type { Logger } from 'pino';
@@ -30,6 +31,7 @@ import {
   type SandboxInfo,
   subjects,
   toWireError,
+  diskMiBOf,
   validateSpec,
 } from '../protocol/index.ts';
 import type { Backend } from './backend.ts';
@@ -67,6 +69,9 @@ export class PaddockNode {
       cpu: Math.floor(cpus().length * cfg.overcommit.cpu * 100) / 100,
       memoryMiB: Math.floor((totalmem() / 1024 / 1024) * cfg.overcommit.memory),
       sandboxes: cfg.maxSandboxes,
+      pids: cfg.capacity.pids ?? pidCapacity(ensurePidMax(cfg.capacity.raisePidMax, log)),
+      // The container backend's writable layers are tmpfs: RAM, promised at the memory overcommit.
+      diskMiB: cfg.capacity.diskMiB ?? Math.floor((totalmem() / 1024 / 1024) * cfg.overcommit.memory),
     };
     this.creates = new Semaphore(cfg.createConcurrency);
     this.supervisor = createActor(nodeMachine, { input: { capacity: this.capacity } });
@@ -92,6 +97,7 @@ export class PaddockNode {
     this.imageNames = await this.images.list();
 
     this.backend = new ContainerBackend({ nodeDir: this.cfg.nodeDir, nodeId: this.id, layers: this.images.layers, binDir: this.cfg.binDir, log: this.log });
+    this.backend.onCrash = (id, why) => this.sandboxes.get(id)?.crashed(why);
     const leftovers = await this.backend.recover();
     if (leftovers.length > 0) this.log.warn({ sandboxes: leftovers }, 'removed leftovers of a previous run');
     await this.markOrphans();
@@ -173,7 +179,9 @@ export class PaddockNode {
     const id = (b.id as string | undefined) ?? newSandboxId();
     if (this.sandboxes.has(id)) throw new ProtocolError('INVALID_REQUEST', `sandbox ${id} already exists`);
 
-    const need: Resources = { cpu: spec.cpu, memoryMiB: spec.memoryMiB, sandboxes: 1 };
+    const need: Resources = { cpu: spec.cpu, memoryMiB: spec.memoryMiB, sandboxes: 1, pids: spec.pidsLimit, diskMiB: diskMiBOf(spec) };
+    const never = refusal({ capacity: this.capacity, allocated: { cpu: 0, memoryMiB: 0, sandboxes: 0 }, holds: new Map() }, need);
+    if (never) throw new ProtocolError('NO_CAPACITY', `node ${this.id} can never hold this sandbox: ${never}`);
     const snap = this.supervisor.getSnapshot();
     if (admissionState(snap.value) !== 'serving') throw new ProtocolError('NO_CAPACITY', `node ${this.id} is draining`);
     if (!snap.can({ type: 'ADMIT', id, need })) {

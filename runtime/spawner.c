@@ -18,7 +18,8 @@
  *                 [<disk> <tmpfs opts> <uid> <overlay opts> <rootfs>] <argc> <argv...> <envc> <env...>
  *       flags: i = SCHED_IDLE, 3 = keep fd 3 (the sandbox init, given at start with argument
  *       "fd3"), m = own mount namespace and the bracketed mount arguments, c = capture stderr,
- *       p = relay stdout and stderr to the node as they come (the paths of both are then unused).
+ *       p = relay stdout and stderr to the node as they come (the paths of both are then unused),
+ *       o = oom_score_adj 500 (a sandbox's exec: the OOM killer's choice before its init).
  *       With envc 0 the command inherits this process's environment.
  *     <seq> kill <signal>   signals the process of request <seq>, if it still runs
  *     <seq> close           stops relaying the output of <seq>, which has exited
@@ -28,6 +29,8 @@
  *          (at most 64 KiB), or empty;
  *       e: it never ran (code -1: no process; 125: setup failed; 127: exec failed): the bytes say why;
  *       z: a relayed command's output has ended (both pipes closed), after its x.
+ *   and, with seq 0: "0 d <code> <length>\n<pid>": a process that was no command of ours ended
+ *       (an orphan this subreaper adopted: a sandbox's init once `crun run -d` is gone); code as x.
  * End of file on stdin ends this process; commands still running go on. It is their subreaper
  * (see main) and reaps every process that ends under it.
  *
@@ -139,7 +142,13 @@ static void own_mounts(int errw, const struct run *r) {
   if (mkdir(upper, 0755) < 0 || mkdir(work, 0700) < 0) fail(errw, 125, "mkdir in %s", r->disk);
   /* The upper root is the sandbox's `/`: owned by its root. */
   if (chown(upper, r->uid, r->uid) < 0) fail(errw, 125, "chown %s", upper);
+  /*
+   * The overlay's options are relative to the disk (hardening.ts): the kernel shows them as given
+   * in the sandbox's mountinfo, and absolute ones named the node's home, its id and the sandbox's.
+   */
+  if (chdir(r->disk) < 0) fail(errw, 125, "chdir %s", r->disk);
   if (mount("overlay", r->rootfs, "overlay", 0, r->ovl) < 0) fail(errw, 125, "mount overlay on %s", r->rootfs);
+  if (chdir("/") < 0) fail(errw, 125, "chdir /");
 }
 
 static void onto(int errw, int fd, int target) {
@@ -163,6 +172,11 @@ static void __attribute__((noreturn)) child(const struct run *r, int errw, int c
   if (strchr(r->flags, 'i')) {
     struct sched_param p = {0};
     if (sched_setscheduler(0, SCHED_IDLE, &p) < 0) fail(errw, 125, "SCHED_IDLE");
+  }
+  if (strchr(r->flags, 'o')) {
+    int adj = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+    if (adj < 0 || write(adj, "500", 3) != 3) fail(errw, 125, "oom_score_adj");
+    close(adj);
   }
   if (strchr(r->flags, 'm')) own_mounts(errw, r);
   if (sealed_fd >= 0 && strcmp(r->argv[0], sealed_path) == 0) fexecve(sealed_fd, r->argv, r->envp ? r->envp : environ);
@@ -274,7 +288,13 @@ static void reap(void) {
   while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
     size_t i = 0;
     while (i < njobs && jobs[i].pid != pid) i++;
-    if (i == njobs) continue;
+    if (i == njobs) {
+      /* A sandbox's init that died is news to the node: the sandbox is over (an OOM kill, say). */
+      char p[24];
+      int n = snprintf(p, sizeof p, "%d", (int)pid);
+      reply(0, 'd', WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), p, (size_t)n);
+      continue;
+    }
     struct job *j = &jobs[i];
     int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     char why[512];
@@ -365,27 +385,40 @@ static void request(char *frame, size_t len) {
   start(seq, &r);
 }
 
+static int seal_fd(int src, const char *name, const char *what);
+
 /* A sealed memfd copy of `path` (see the top), or -1 with the reason on stderr. */
 static int seal_copy(const char *path) {
   int src = open(path, O_RDONLY | O_CLOEXEC);
-  struct stat st;
-  if (src < 0 || fstat(src, &st) < 0) {
-    dprintf(2, "spawner: %s: %s; it runs unsealed\n", path, strerror(errno));
-    if (src >= 0) close(src);
-    return -1;
-  }
   /* Named as the program: its processes show as memfd:<name> in ps. */
   const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
-  int fd = memfd_create(base, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (src < 0) {
+    dprintf(2, "spawner: %s: %s; it runs unsealed\n", path, strerror(errno));
+    return -1;
+  }
+  return seal_fd(src, base, path);
+}
+
+/* A sealed memfd copy of what `src` holds, named `name`; closes `src`. -1 (said why) if it fails. */
+static int seal_fd(int src, const char *name, const char *what) {
+  struct stat st;
+  if (fstat(src, &st) < 0) {
+    dprintf(2, "spawner: %s: %s; it runs unsealed\n", what, strerror(errno));
+    close(src);
+    return -1;
+  }
+  int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
   off_t sent = 0;
   while (fd >= 0 && sent < st.st_size) {
-    ssize_t n = sendfile(fd, src, NULL, (size_t)(st.st_size - sent));
+    /* At an explicit offset: fd 3's file offset is shared with the node, and a respawned spawner copies it again. */
+    off_t at = sent;
+    ssize_t n = sendfile(fd, src, &at, (size_t)(st.st_size - sent));
     if (n <= 0) break;
     sent += n;
   }
   close(src);
   if (fd < 0 || sent != st.st_size || fcntl(fd, F_ADD_SEALS, F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE) < 0) {
-    dprintf(2, "spawner: cannot seal a copy of %s: %s; it runs unsealed\n", path, strerror(errno));
+    dprintf(2, "spawner: cannot seal a copy of %s: %s; it runs unsealed\n", what, strerror(errno));
     if (fd >= 0) close(fd);
     return -1;
   }
@@ -404,6 +437,17 @@ int main(int argc, char **argv) {
     }
   }
   if (have_fd3) {
+    /*
+     * The sandbox init, from a sealed in-memory copy: run from the node's file, a sandbox's
+     * /proc/1/exe named it (its path under the node's cache), and exec'd from an fd of that file the
+     * init would hold the node's binary itself.
+     */
+    int src = fcntl(3, F_DUPFD_CLOEXEC, 10);
+    int copy = src >= 0 ? seal_fd(src, "init", "the sandbox init") : -1;
+    if (copy >= 0) {
+      dup2(copy, 3);
+      close(copy);
+    }
     fcntl(3, F_SETFD, 0);
   } else if (fcntl(3, F_GETFD) >= 0) {
     fcntl(3, F_SETFD, FD_CLOEXEC);

@@ -44,6 +44,12 @@ export interface SpawnRequest {
   onOutput?: (stream: 'out' | 'err', chunk: Buffer) => void;
   /** Run under SCHED_IDLE (children inherit it). */
   idle?: boolean;
+  /**
+   * Run at oom_score_adj 500 (children inherit it): a sandbox's execs, so that in its memory cgroup
+   * the OOM killer picks one of them before its init, which stays at 0 (crun exec ignores the
+   * process file's oomScoreAdj, and only raising needs no privilege).
+   */
+  oomFirst?: boolean;
   /** Hand the command the fd the spawner was started with as fd 3. */
   passFd3?: boolean;
   mounts?: MountPlan;
@@ -77,6 +83,11 @@ export interface SpawnerOptions {
    * (spawner.c: it spares crun its own copy on every run). Requests name it by this path.
    */
   seal?: string;
+  /**
+   * A process that was none of its commands ended: an orphan it adopted as subreaper (a sandbox's
+   * init, once `crun run -d` has exited). `code` is its exit code or 128 + signal.
+   */
+  onOrphanExit?: (pid: number, code: number) => void;
 }
 
 /** The absolute path of `program` along PATH (as execvp would find it), or undefined. */
@@ -126,7 +137,7 @@ export class Spawner {
 
   start(req: SpawnRequest): Spawned {
     const seq = ++this.seq;
-    const flags = `${req.idle ? 'i' : ''}${req.passFd3 ? '3' : ''}${req.mounts ? 'm' : ''}${req.captureStderr ? 'c' : ''}${req.onOutput ? 'p' : ''}-`;
+    const flags = `${req.oomFirst ? 'o' : ''}${req.idle ? 'i' : ''}${req.passFd3 ? '3' : ''}${req.mounts ? 'm' : ''}${req.captureStderr ? 'c' : ''}${req.onOutput ? 'p' : ''}-`;
     const m = req.mounts;
     const env = req.env ? Object.entries(req.env).map(([k, v]) => `${k}=${v}`) : [];
     const fields = [String(seq), 'run', flags, req.stdinFile ?? '', req.stdoutFile ?? '', req.stderrFile ?? '', ...(m ? [m.disk, m.tmpfsOptions, String(m.rootUid), m.overlayOptions, m.rootfs] : []), String(req.argv.length), ...req.argv, String(env.length), ...env];
@@ -246,6 +257,10 @@ export class Spawner {
       const body = this.buf.subarray(nl + 1, nl + 1 + len);
       this.buf = this.buf.subarray(nl + 1 + len);
       const seq = Number(seqS);
+      if (seq === 0 && type === 'd') {
+        this.o.onOrphanExit?.(Number(body.toString()), Number(codeS));
+        continue;
+      }
       const p = this.pending.get(seq);
       if (!p) continue;
       if (type === 'o' || type === 'E') {

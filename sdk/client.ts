@@ -3,8 +3,8 @@ import { readFileSync } from 'node:fs';
 import { type KV, Kvm } from '@nats-io/kv';
 import { connect, type NatsConnection } from '@nats-io/transport-node';
 import { natsUrlFile } from '../protocol/discovery.ts';
-import { Buckets, type CreateReply, decode, type GroupReply, type GroupVerb, type SandboxInfo, type SandboxSpec, type SandboxState, subjects } from '../protocol/index.ts';
-import { NotFoundError, UnavailableError } from './errors.ts';
+import { Buckets, type CreateReply, decode, type GroupReply, type GroupVerb, type SandboxInfo, type SandboxSpec, type SandboxState, isToken, subjects } from '../protocol/index.ts';
+import { InvalidRequestError, NotFoundError, UnavailableError } from './errors.ts';
 import { Fn } from './fn.ts';
 import { Rollouts } from './rollouts.ts';
 import { Nodes } from './nodes.ts';
@@ -102,6 +102,8 @@ export class Sandboxes {
 
   /** A sandbox by id, with its current record (ended sandboxes included while the directory keeps them). */
   async get(id: string, opts?: CallOptions): Promise<Sandbox> {
+    // An id is a subject token: `*` or `a.b` would address other subjects than one sandbox's.
+    if (!isToken(id)) throw new InvalidRequestError('INVALID_REQUEST', `sandbox id: must be 1-64 characters of [A-Za-z0-9_-], got ${JSON.stringify(id)}`, { detail: { field: 'id' } });
     const info = await this.t.request<SandboxInfo>(subjects.sandbox(id, 'info'), {}, opts, async () => {
       // No actor answers: the sandbox ended (the directory says how) or never was.
       const rec = await this.lookup(id);

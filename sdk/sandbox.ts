@@ -18,7 +18,7 @@ import {
 } from '../protocol/index.ts';
 import { traceHeaders } from '../protocol/trace.ts';
 import { CancelledError, errorFromWire, NotFoundError, TimeoutError } from './errors.ts';
-import type { CallOptions, Transport } from './transport.ts';
+import { type CallOptions, checkTimeout, type Transport } from './transport.ts';
 
 export interface ExecOptions extends CallOptions {
   cwd?: string;
@@ -62,6 +62,8 @@ const utf8 = new TextDecoder();
 
 /** @internal the wire body of an exec (the command log digests the same fields). */
 export function execBody(cmd: string | string[], opts: ExecOptions) {
+  // The node refuses it too, but the SDK's own timer (timeoutMs plus a margin) must be valid first.
+  if (opts.timeoutMs !== undefined) checkTimeout(opts.timeoutMs, 'timeoutMs', Limits.exec.timeoutMs.max);
   return {
     cmd: typeof cmd === 'string' ? ['/bin/sh', '-c', cmd] : cmd,
     timeoutMs: opts.timeoutMs ?? DEFAULT_EXEC_TIMEOUT_MS,
@@ -158,7 +160,9 @@ export class Sandbox {
     let done = false;
     const idleMs = body.timeoutMs + REPLY_MARGIN_MS;
     try {
-      nc.publish(subjects.sandbox(this.id, 'exec'), encode({ ...body, stream: true, execId }), { reply: inbox, headers: traceHeaders() });
+      const data = encode({ ...body, stream: true, execId });
+      this.t.checkSize(subjects.sandbox(this.id, 'exec'), data);
+      nc.publish(subjects.sandbox(this.id, 'exec'), data, { reply: inbox, headers: traceHeaders() });
       for (;;) {
         if (queue.length === 0) {
           if (opts.signal?.aborted) throw new CancelledError('CANCELLED', 'the stream was cancelled');

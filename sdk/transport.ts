@@ -2,7 +2,7 @@
 import { type NatsConnection, RequestError, TimeoutError as NatsTimeout } from '@nats-io/transport-node';
 import { decode, encode, type Reply } from '../protocol/index.ts';
 import { traceHeaders } from '../protocol/trace.ts';
-import { CancelledError, errorFromWire, PaddockError, TimeoutError, UnavailableError } from './errors.ts';
+import { CancelledError, errorFromWire, InvalidRequestError, PaddockError, TimeoutError, UnavailableError } from './errors.ts';
 
 /** Options every remote call takes. */
 export interface CallOptions {
@@ -17,11 +17,22 @@ export class Transport {
     readonly defaultTimeoutMs: number,
   ) {}
 
+  /** PAYLOAD_TOO_LARGE for a message the server would refuse (NATS closes nothing, but the publish fails late and vaguely). */
+  checkSize(subject: string, data: Uint8Array): void {
+    const max = this.nc.info?.max_payload;
+    if (max !== undefined && data.length > max) {
+      throw new InvalidRequestError('PAYLOAD_TOO_LARGE', `the request on ${subject} is ${data.length} bytes, over the server's ${max} (env, stdin and file chunks count)`, { detail: { bytes: data.length, max } });
+    }
+  }
+
   /** Sends a request and returns its result; wire errors become PaddockError subclasses. */
   async request<T>(subject: string, body: unknown, opts: CallOptions = {}, onNoResponders?: () => Promise<T>): Promise<T> {
     const timeout = opts.timeoutMs ?? this.defaultTimeoutMs;
+    checkTimeout(timeout, 'timeoutMs');
     if (opts.signal?.aborted) throw new CancelledError('CANCELLED', 'the call was cancelled before it was sent');
-    const call = this.nc.request(subject, encode(body), { timeout, headers: traceHeaders() });
+    const data = encode(body);
+    this.checkSize(subject, data);
+    const call = this.nc.request(subject, data, { timeout, headers: traceHeaders() });
     let msg: Awaited<typeof call>;
     try {
       msg = await (opts.signal ? abortable(call, opts.signal) : call);
@@ -39,6 +50,16 @@ export class Transport {
     const reply = decode(msg.data) as Reply<T>;
     if (reply.ok) return reply.result;
     throw errorFromWire(reply.error);
+  }
+}
+
+/** Timers take at most 2^31-1 ms: a longer one fires at once (a 1e15 ms exec "timed out" after 2 ms). */
+const TIMER_MAX_MS = 2 ** 31 - 1;
+
+/** A timeout the SDK can wait for, or INVALID_REQUEST before anything is sent. */
+export function checkTimeout(ms: unknown, field: string, max = TIMER_MAX_MS): void {
+  if (typeof ms !== 'number' || !Number.isFinite(ms) || ms < 0 || ms > max) {
+    throw new InvalidRequestError('INVALID_REQUEST', `${field}: must be a number of ms from 0 to ${max}, got ${String(ms)}`, { detail: { field } });
   }
 }
 

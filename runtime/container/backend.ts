@@ -17,9 +17,10 @@
  */
 import { closeSync, constants, mkdirSync, openSync, readFileSync, writeFileSync } from 'node:fs';
 import { type FileHandle, mkdir, open, readdir, readFile, rm, rmdir, writeFile } from 'node:fs/promises';
+import { constants as osConstants } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { Limits, type NetworkPolicy, ProtocolError, type SandboxSpec } from '../../protocol/index.ts';
+import { diskMiBOf, type NetworkPolicy, ProtocolError, type SandboxSpec } from '../../protocol/index.ts';
 import type { Backend, ExecOptions, ExecOutcome } from '../backend.ts';
 import { type CgroupMode, cgroupDir, detectCgroups, favorDynamicCgroups, isMountPoint, v1Hierarchies } from '../cgroups.ts';
 import { sysMount } from '../images/fuse.ts';
@@ -84,6 +85,10 @@ export class ContainerBackend implements Backend {
    * way into its root filesystem, which is mounted only in its own namespaces).
    */
   private readonly procs = new Map<string, SandboxProc>();
+  /** Sandbox by its init's host pid, while it runs: the spawner says when an init ends (initEnded). */
+  private readonly byInit = new Map<number, string>();
+  /** Told when a sandbox's init ends by itself (an OOM kill, say): the sandbox is over. */
+  onCrash?: (id: string, why: string) => void;
   private readonly sleeper: CgroupSleep;
   /** User-namespace layers, the bounded writable layer, CPU pinning, lxcfs. */
   private readonly hardening: Hardening;
@@ -147,7 +152,7 @@ export class ContainerBackend implements Backend {
       const crun = resolveProgram(this.crun);
       if (!crun) throw new Error(`${this.crun} not found on PATH (apt-get install crun)`);
       this.crun = crun;
-      this.spawn = await Spawner.build(this.opts.binDir, { fd3: this.initBinary?.fd, seal: crun });
+      this.spawn = await Spawner.build(this.opts.binDir, { fd3: this.initBinary?.fd, seal: crun, onOrphanExit: (pid, code) => this.initEnded(pid, code) });
     }
     await this.hardening.traversable(this.sandboxesDir);
     if (!this.hardening.lxcfs) await this.hardening.startLxcfs();
@@ -169,6 +174,10 @@ export class ContainerBackend implements Backend {
     const dir = this.dir(id);
     const rootfs = join(dir, 'rootfs');
     const started = Date.now();
+    const diskMiB = diskMiBOf(spec);
+    // The writable layer is RAM charged to the sandbox's memory (hardening.ts): past half of it,
+    // filling the disk would leave its processes no memory, and the verdict would be MEMORY_LIMIT.
+    if (diskMiB > spec.memoryMiB / 2) throw new ProtocolError('INVALID_SPEC', `diskMiB ${diskMiB}: the writable layer is memory on this node, at most half of memoryMiB (${spec.memoryMiB}); raise memoryMiB to at least ${2 * diskMiB}`, { detail: { field: 'diskMiB' } });
     try {
       // The bundle is on the node's run tmpfs (init): synchronous calls there never wait on a disk,
       // and each cost less than one round trip through libuv's thread pool, of which a create made
@@ -188,11 +197,12 @@ export class ContainerBackend implements Backend {
       const proc: SandboxProc = { env, idle: spec.qos === 'be', cwd: spec.cwd ?? image.cwd, process: config.process as Record<string, unknown> };
       this.procs.set(id, proc);
       // overlayfs lists the top layer first; manifests list the bottom first.
-      await this.crunRun(id, dir, spec.qos === 'be', this.hardening.ownMounts(dir, spec.diskMiB ?? Limits.diskMiB.default, lowers.reverse(), rootfs));
+      await this.crunRun(id, dir, spec.qos === 'be', this.hardening.ownMounts(dir, diskMiB, lowers.reverse(), rootfs));
       // Lazily loaded layers can make the init's execve slow; exec cannot join it before it ends.
       proc.pid = await waitExecuted({ pidFile: join(dir, 'init.pid'), init: reaper ? ['init'] : image.init });
       if (proc.pid === undefined) throw new ProtocolError('BACKEND_FAILED', 'crun run left no init pid');
       proc.root = this.holdRoot(id, proc.pid);
+      this.byInit.set(proc.pid, id);
       if (spec.network) await this.setNetwork(id, spec.network);
       if (quota) await this.setCpuQuota(id, quota);
     } catch (e) {
@@ -329,14 +339,37 @@ export class ContainerBackend implements Backend {
   /** A sandbox whose init runs (its root is held), or INVALID_STATE. */
   private running(id: string): SandboxProc & { root: number } {
     const p = this.procs.get(id);
+    if (p?.ended) throw new ProtocolError('INVALID_STATE', `sandbox ${id} has crashed: ${p.ended}`);
     if (p?.root === undefined) throw new ProtocolError('INVALID_STATE', `sandbox ${id} has no running init`);
     return p as SandboxProc & { root: number };
   }
 
+  /**
+   * A sandbox's init ended while the sandbox was not being destroyed: nothing of it runs any more
+   * (the kernel kills a pid namespace with its pid 1), so every exec would only fail. Said at once.
+   */
+  private initEnded(pid: number, code: number): void {
+    const id = this.byInit.get(pid);
+    if (id === undefined) return;
+    this.byInit.delete(pid);
+    const p = this.procs.get(id);
+    const sig = code > 128 ? Object.entries(osConstants.signals).find(([, n]) => n === code - 128)?.[0] : undefined;
+    const why = `its init (pid 1) ended ${sig ? `by ${sig}` : `with exit code ${code}`}${sig === 'SIGKILL' && this.oomKilled(id) ? ' (the OOM killer chose it)' : ''}`;
+    if (p) p.ended = why;
+    this.opts.log?.warn({ sandbox: id, pid, code }, 'sandbox init ended');
+    this.onCrash?.(id, why);
+  }
+
+  private oomKilled(id: string): boolean {
+    const mem = this.cgroupMode === 'v2' ? 'memory.events' : 'memory.oom_control';
+    return /oom_kill\s+[1-9]/.test(readText(join(cgroupDir(this.cgroupMode, this.cgroupPath(id), this.cgroupMode === 'v2' ? '' : 'memory'), mem)) ?? '');
+  }
+
   async destroy(id: string): Promise<void> {
     const dir = this.dir(id);
-    const root = this.procs.get(id)?.root;
-    if (root !== undefined) closeSync(root);
+    const p = this.procs.get(id);
+    if (p?.root !== undefined) closeSync(p.root);
+    if (p?.pid !== undefined) this.byInit.delete(p.pid);
     this.procs.delete(id);
     await this.egress.remove(id);
     // Frozen processes cannot die: thaw first, or `delete --force` waits on them.
@@ -346,12 +379,44 @@ export class ContainerBackend implements Backend {
     if (del.code !== 0 && !/does not exist|not found|No such file/i.test(del.stderr)) {
       throw new ProtocolError('BACKEND_FAILED', `crun delete ${id}: ${del.stderr.trim()}`);
     }
-    await this.removeCgroup(this.cgroupPath(id));
+    await this.emptyAndRemove(this.cgroupPath(id));
     // The overlay and the writable layer went with the container's mount namespace.
     this.hardening.unpin(id);
     for (const ref of this.layersOf.get(id) ?? []) this.opts.layers.release(ref);
     this.layersOf.delete(id);
     await rm(dir, { recursive: true, force: true });
+  }
+
+  /**
+   * Removes a sandbox's cgroup in every hierarchy, waiting for its tasks to leave. `crun delete
+   * --force` signals the processes it finds, but with thousands of them (or a fork in flight)
+   * some outlive it, and a dying task keeps its cgroups busy until it is reaped: a single rmdir
+   * then failed with EBUSY and left the cgroups of a sandbox of 3,000 processes in all nine
+   * hierarchies until the node restarted. So: kill what is left, retry, and give up only after
+   * DESTROY_WAIT_MS, loudly.
+   */
+  private async emptyAndRemove(path: string): Promise<void> {
+    const ctrls = this.cgroupMode === 'v2' ? [''] : this.hierarchies;
+    const deadline = Date.now() + DESTROY_WAIT_MS;
+    let left = ctrls.map((c) => cgroupDir(this.cgroupMode, path, c));
+    for (let wait = 5; ; wait = Math.min(100, wait * 2)) {
+      const busy: string[] = [];
+      for (const d of left) {
+        const err = await rmdir(d).then(
+          () => undefined,
+          (e: NodeJS.ErrnoException) => e.code,
+        );
+        if (err === 'EBUSY') busy.push(d);
+      }
+      left = busy;
+      if (left.length === 0) break;
+      if (Date.now() > deadline) {
+        throw new ProtocolError('BACKEND_FAILED', `cgroups of ${path} still hold tasks after ${DESTROY_WAIT_MS} ms: ${left.join(', ')}`);
+      }
+      for (const d of left) await killAll(d);
+      await new Promise((r) => setTimeout(r, wait));
+    }
+    if (this.cgroupMode === 'v1') await rm(join('/sys/fs/cgroup/unified', path), { recursive: true, force: true });
   }
 
   /** Removes a cgroup crun left (it should not, but a crash between steps can). */
@@ -440,7 +505,10 @@ interface SandboxProc {
   pid?: number;
   /** Its root directory, open (holdRoot). */
   root?: number;
+  /** Why its init ended by itself (initEnded), when it did. */
+  ended?: string;
 }
+
 
 interface CpuQuota {
   quota: number;
@@ -467,6 +535,24 @@ function deferCpuQuota(config: Record<string, unknown>): CpuQuota | undefined {
   delete cpu.quota;
   if (cpu.period === DEFAULT_CFS_PERIOD_US) delete cpu.period;
   return q;
+}
+
+/** How long destroy waits for a sandbox's tasks to leave its cgroups (thousands of processes take a moment to die). */
+const DESTROY_WAIT_MS = 30_000;
+
+/** SIGKILLs every task listed in a cgroup directory (cgroup.procs: processes, in any hierarchy). */
+async function killAll(dir: string): Promise<void> {
+  const procs = await readFile(join(dir, 'cgroup.procs'), 'utf8').catch(() => '');
+  for (const p of procs.split('\n')) {
+    const pid = Number.parseInt(p, 10);
+    if (pid > 1) {
+      try {
+        process.kill(pid, 'SIGKILL');
+      } catch {
+        // gone
+      }
+    }
+  }
 }
 
 /** The kernel's CFS bandwidth period of a new cgroup (cpu.cfs_period_us, and cpu.max's second field). */

@@ -11,6 +11,9 @@ import { constants } from 'node:os';
 import type { ExecOptions, ExecOutcome } from '../backend.ts';
 import type { Spawner } from '../spawner.ts';
 
+/** strerror(ENOSPC), as glibc, musl and busybox print it. */
+const ENOSPC_TEXT = 'No space left on device';
+
 /** After the command exits, how long to wait for background children that still hold its pipes. */
 const PIPE_GRACE_MS = 100;
 
@@ -99,7 +102,9 @@ export async function execInContainer(a: CrunExecArgs, opts: ExecOptions): Promi
     let exitCode: number | null = null;
     let graceTimer: NodeJS.Timeout | undefined;
 
+    let noSpace = false;
     const onData = (which: 'out' | 'err', chunk: Buffer) => {
+      if (which === 'err' && !noSpace && chunk.includes(ENOSPC_TEXT)) noSpace = true;
       const buf = which === 'out' ? out : err;
       const room = opts.maxOutputBytes - seen[which];
       if (room <= 0) {
@@ -118,7 +123,7 @@ export async function execInContainer(a: CrunExecArgs, opts: ExecOptions): Promi
         stop();
       }
     };
-    const child = a.spawner.start({ argv: args, onOutput: onData, idle: a.idle, ...(stdinFile ? { stdinFile } : {}) });
+    const child = a.spawner.start({ argv: args, onOutput: onData, idle: a.idle, oomFirst: true, ...(stdinFile ? { stdinFile } : {}) });
 
     function stop() {
       if (stopping) return;
@@ -170,6 +175,7 @@ export async function execInContainer(a: CrunExecArgs, opts: ExecOptions): Promi
         timedOut,
       };
       if (signal) outcome.signal = signal;
+      if (noSpace) outcome.noSpace = true;
       resolve(outcome);
     };
 

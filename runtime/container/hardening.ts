@@ -19,7 +19,7 @@ import { spawn } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import { chmod, mkdir, readFile, rm, stat } from 'node:fs/promises';
 import { cpus as hostCpus } from 'node:os';
-import { dirname, join, resolve } from 'node:path';
+import { dirname, join, relative, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { mounts } from '../cgroups.ts';
 import type { MountPlan } from '../spawner.ts';
@@ -102,7 +102,8 @@ export class Hardening {
       disk,
       tmpfsOptions: `size=${diskMiB}m,nr_inodes=${inodes},mode=0700`,
       rootUid: this.ids.hostId,
-      overlayOptions: `lowerdir=${lowers.join(':')},upperdir=${join(disk, 'upper')},workdir=${join(disk, 'work')}`,
+      // Relative to the disk, where the spawner mounts it from: mountinfo inside shows them as written.
+      overlayOptions: `lowerdir=${lowers.map((l) => relative(disk, l)).join(':')},upperdir=upper,workdir=work`,
       rootfs,
     };
   }

@@ -10,6 +10,17 @@
  * Signals: a pid 1 gets only the signals it handles from inside its namespace, and this one
  * handles none but SIGCHLD, so nothing inside can end the sandbox by signalling it. The node ends
  * it with SIGKILL from outside.
+ *
+ * Nothing else inside can reach it either, once it runs:
+ * - its stdio, inherited from crun, is crun's error file on the node's run tmpfs: once the image
+ *   init has started (or there is none), 0-2 become /dev/null, in the child before its exec too,
+ *   so no process of the sandbox holds a node file (through /proc/1/fd/2 a sandbox filled the
+ *   node's run tmpfs, and the path named the node's home, id and the sandbox's id);
+ * - it is not dumpable: /proc/1/mem, /proc/1/fd, /proc/1/exe, /proc/1/root then need
+ *   CAP_SYS_PTRACE, which the sandbox's root lacks, so pid 1 can be neither written nor traced;
+ * - its oom_score_adj stays 0 (read-only, oci.ts READONLY_PATHS) while every exec runs at 500
+ *   (the spawner's `o`) and the image's init, started here, at 500 too: in the sandbox's memory
+ *   cgroup the OOM killer always finds a process of the agent before this one.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -21,8 +32,20 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+/* The same as the execs' (spawner.c, flag o). */
+#define EXEC_OOM_SCORE_ADJ "500"
+
+/* 0, 1 and 2 on /dev/null (the container's own: crun makes it). */
+static void quiet_stdio(void) {
+  int n = open("/dev/null", O_RDWR | O_CLOEXEC);
+  if (n < 0) return;
+  for (int fd = 0; fd < 3; fd++) dup2(n, fd);
+  if (n > 2) close(n);
+}
+
 int main(int argc, char **argv) {
   close(3);
+  prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
 
   sigset_t chld, all;
   sigemptyset(&chld);
@@ -47,6 +70,13 @@ int main(int argc, char **argv) {
       close(p[0]);
       sigprocmask(SIG_UNBLOCK, &all, NULL);
       setsid();
+      /* The image's init is the agent's code: it gets neither the node's file nor pid 1's OOM rank. */
+      int adj = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+      if (adj >= 0) {
+        (void)!write(adj, EXEC_OOM_SCORE_ADJ, strlen(EXEC_OOM_SCORE_ADJ));
+        close(adj);
+      }
+      quiet_stdio();
       execvp(argv[1], argv + 1);
       int e = errno;
       (void)!write(p[1], &e, sizeof e);
@@ -61,6 +91,7 @@ int main(int argc, char **argv) {
       return 127;
     }
   }
+  quiet_stdio();
   prctl(PR_SET_NAME, "init", 0, 0, 0);
 
   for (;;) {

@@ -62,7 +62,14 @@ export const MASKED_PATHS = [
   '/sys/firmware',
   '/sys/devices/virtual/powercap',
 ];
-export const READONLY_PATHS = ['/proc/bus', '/proc/fs', '/proc/irq', '/proc/sys', '/proc/sysrq-trigger'];
+/**
+ * Read-only, besides the usual: pid 1's OOM rank. crun mounts these while the container's process
+ * is already pid 1 of its namespace, so the paths are the init's own. A non-dumpable init's /proc
+ * files belong to the sandbox's root (the kernel's task_dump_owner), and raising an
+ * oom_score_adj needs no privilege: `echo 1000 > /proc/1/oom_score_adj` and a memory hog killed
+ * the init.
+ */
+export const READONLY_PATHS = ['/proc/bus', '/proc/fs', '/proc/irq', '/proc/sys', '/proc/sysrq-trigger', '/proc/1/oom_score_adj', '/proc/1/oom_adj', '/proc/1/task/1/oom_score_adj', '/proc/1/task/1/oom_adj'];
 
 /** Environment of every process: image defaults, overridden by the spec. */
 export function baseEnv(image: ImageManifest, spec: SandboxSpec): string[] {

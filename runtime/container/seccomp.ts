@@ -115,6 +115,16 @@ export const DENIED_IOCTLS: Record<string, number> = {
   TIOCLINUX: 0x541c,
 };
 
+const AF_UNIX = 1;
+const AF_INET = 2;
+const AF_INET6 = 10;
+const AF_NETLINK = 16;
+const NETLINK_ROUTE = 0;
+/** One past the highest address family of Linux 6.x (AF_MCTP is 45). */
+const AF_MAX = 46;
+/** The socket families a sandbox may open: local, IPv4, IPv6, and netlink for routing only. */
+export const ALLOWED_SOCKET_FAMILIES = [AF_UNIX, AF_INET, AF_INET6, AF_NETLINK] as const;
+
 interface SyscallRule {
   names: string[];
   action: string;
@@ -146,8 +156,20 @@ export function seccompProfile(arch: string = process.arch): Record<string, unkn
   for (const cmd of Object.values(DENIED_IOCTLS)) {
     rules.push(deny(['ioctl'], [{ index: 1, value: 0xffff, valueTwo: cmd, op: 'SCMP_CMP_MASKED_EQ' }]));
   }
-  // Raw and packet sockets are also refused by the missing CAP_NET_RAW; AF_PACKET (17) is denied
-  // here as well so that a capability mistake cannot open one.
-  rules.push(deny(['socket'], [{ index: 0, value: 17, op: 'SCMP_CMP_EQ' }]));
+  // Socket families: only those a sandbox needs. Everything else reaches kernel code no namespace
+  // isolates (AF_VSOCK leaves a VM through virtio to its hypervisor; AF_ALG is the kernel's crypto;
+  // packet and raw sockets are also refused by the missing CAP_NET_RAW, denied here as well so
+  // that a capability mistake cannot open one). A rule's args are ANDed and rules ORed: one rule
+  // per family refused, and one for all families past the last the kernel knows today.
+  for (let family = 0; family < AF_MAX; family++) {
+    if (!(ALLOWED_SOCKET_FAMILIES as readonly number[]).includes(family)) rules.push(deny(['socket', 'socketpair'], [{ index: 0, value: family, op: 'SCMP_CMP_EQ' }]));
+  }
+  rules.push(deny(['socket', 'socketpair'], [{ index: 0, value: AF_MAX, op: 'SCMP_CMP_GE' }]));
+  // Netlink only for routing (ip addr, ip route): audit, uevents, xfrm, nftables and the others talk
+  // to host-wide kernel state.
+  rules.push(deny(['socket'], [{ index: 0, value: AF_NETLINK, op: 'SCMP_CMP_EQ' }, { index: 2, value: NETLINK_ROUTE, op: 'SCMP_CMP_NE' }]));
+  // On 32-bit x86 the socket calls can also go through socketcall(2), whose arguments are in
+  // memory where seccomp cannot see them: refused (ENOSYS, so libc uses socket(2) instead).
+  rules.push({ names: ['socketcall'], action: 'SCMP_ACT_ERRNO', errnoRet: ENOSYS });
   return { defaultAction: 'SCMP_ACT_ALLOW', architectures: architectures(arch), syscalls: rules };
 }

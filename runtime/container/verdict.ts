@@ -10,7 +10,7 @@
 import { statfs } from 'node:fs/promises';
 import { readText } from '../sync-read.ts';
 import type { ExecVerdict } from '../../protocol/index.ts';
-import type { ExecOutcome } from '../backend.ts';
+import { EXEC_KILLED, type ExecOutcome } from '../backend.ts';
 import { type CgroupMode, cgroupDir } from '../cgroups.ts';
 
 export interface LimitCounters {
@@ -42,19 +42,21 @@ export class LimitWatch {
   }
 }
 
-/** Whether the filesystem holding `path` has no room left (less than one 4 KiB page). */
+/** Whether the filesystem holding `path` has no room left: less than one 4 KiB page, or no inode. */
 export async function diskFull(path: string): Promise<boolean> {
   const s = await statfs(path).catch(() => null);
-  return s !== null && s.bavail * s.bsize < 4096;
+  return s !== null && (s.bavail * s.bsize < 4096 || s.ffree === 0);
 }
 
-export function verdictOf(o: Pick<ExecOutcome, 'exitCode' | 'timedOut' | 'truncated'>, before: LimitCounters, after: LimitCounters, full: boolean): ExecVerdict {
+export function verdictOf(o: Pick<ExecOutcome, 'exitCode' | 'timedOut' | 'truncated' | 'noSpace'>, before: LimitCounters, after: LimitCounters, full: boolean, stopped?: AbortSignal): ExecVerdict {
   if (after.oomKills > before.oomKills) return 'MEMORY_LIMIT';
   if (after.pidsMax > before.pidsMax) return 'PIDS_LIMIT';
-  // A full layer matters only to a command that failed: a later `ls` on a full disk is OK.
-  if (full && o.exitCode !== 0) return 'DISK_LIMIT';
+  // A full layer matters only to a command that failed: a later `ls` on a full disk is OK. A
+  // fallocate past the layer's size is refused without filling it: only its ENOSPC tells.
+  if ((full || o.noSpace) && o.exitCode !== 0) return 'DISK_LIMIT';
   if (o.timedOut) return 'TIMEOUT';
   if (o.truncated) return 'OUTPUT_LIMIT';
+  if (stopped?.aborted) return stopped.reason === EXEC_KILLED ? 'KILLED' : 'CANCELLED';
   return 'OK';
 }
 
@@ -78,7 +80,7 @@ export async function judged(watch: LimitWatch, disk: string, outer: AbortSignal
   try {
     const o = await run(ctl.signal);
     const after = watch.read();
-    o.verdict = verdictOf(o, before, after, o.exitCode !== 0 && (await diskFull(disk)));
+    o.verdict = verdictOf(o, before, after, o.exitCode !== 0 && (await diskFull(disk)), outer);
     return o;
   } finally {
     clearInterval(poll);

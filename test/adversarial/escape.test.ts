@@ -1,5 +1,6 @@
 /** Attempts to reach past the sandbox: kernel interfaces, host files, Paddock itself, later sandboxes. */
-import { readFile } from 'node:fs/promises';
+import { readFile, statfs } from 'node:fs/promises';
+import { nodeRunPath } from '../helpers/cluster.ts';
 import { advTest, only, probeBinary, sustained, underAttack } from './harness.ts';
 
 const test = advTest();
@@ -67,7 +68,8 @@ test.serial('host files stay out of reach through /proc/1/root, mountinfo and th
   t.teardown(() => sb.kill());
   const hostHostname = (await readFile('/etc/hostname', 'utf8').catch(() => '')).trim();
   const once = async () => {
-    const root = await sb.exec(['sh', '-c', 'cat /proc/1/root/etc/hostname; ls /proc/1/root/']);
+    // /proc/1/root is the sandbox's own `/`, or (pid 1 not dumpable) not open to the sandbox at all.
+    const root = await sb.exec(['sh', '-c', 'cat /proc/1/root/etc/hostname 2>/dev/null || echo sandbox; ls /proc/1/root/ 2>/dev/null']);
     // Host paths the overlay's options name in mountinfo do not exist inside.
     const paths = await sb.exec(['sh', '-c', "grep -o 'lowerdir=[^,]*' /proc/self/mountinfo | head -1 | cut -d= -f2 | tr ':' '\\n' | while read p; do ls -d \"$p\" 2>/dev/null; done; true"]);
     const viaApi = await sb.files.readText('/proc/1/root/etc/hostname').catch((e: { code?: string }) => e.code ?? 'error');
@@ -84,4 +86,107 @@ test.serial('nothing of Paddock inside: no socket, log, config, credential or en
   t.notRegex(r.stdout, /paddock|nats|PADDOCK|NATS|\.creds/i);
   const socks = await sb.exec(['sh', '-c', 'cat /proc/net/unix | wc -l; find /run /var/run -mindepth 1 2>/dev/null | wc -l']);
   t.deepEqual(socks.stdout.trim().split('\n'), ['1', '0']);
+});
+
+test.serial('socket families past unix, inet, inet6 and netlink route (vsock, alg, packet, netlink audit, …) are refused: DENIED', async (t) => {
+  const sb = await t.context.pdk.sandboxes.create({ cpu: 1 });
+  t.teardown(() => sb.kill());
+  await sb.files.write('/usr/local/bin/probe', await probeBinary(), { mode: 0o755 });
+  const results = new Map<string, string>();
+  const allowed = ['socket_unix', 'socket_inet', 'socket_inet6', 'socket_netlink_route', 'socketpair_unix'];
+  await underAttack(t, 'socket(AF_VSOCK, AF_ALG, AF_PACKET, netlink audit, …)', 'DENIED', async () =>
+    only(
+      await sustained(1500, async () => {
+        const r = await sb.exec(['/usr/local/bin/probe', 'sockets'], { timeoutMs: 10_000 });
+        for (const line of r.stdout.trim().split('\n')) {
+          const [name, res] = line.split(' ');
+          if (name && res) results.set(name, res);
+        }
+        const opened = [...results].filter(([n, res]) => !allowed.includes(n) && res === 'OK').map(([n]) => n);
+        return opened.length === 0 ? 'DENIED' : `ALLOWED ${opened.join(' ')}`;
+      }),
+    ),
+  );
+  t.log(Object.fromEntries(results));
+  for (const name of allowed) t.is(results.get(name), 'OK', name);
+  for (const name of ['socket_vsock', 'socket_alg', 'socket_packet', 'socket_netlink_audit', 'socket_netlink_kobject_uevent', 'socket_netlink_netfilter', 'socket_key', 'socket_family_200']) {
+    t.is(results.get(name), 'EPERM', name);
+  }
+});
+
+test.serial("the init's stdio is no node file: writing /proc/1/fd/2 fills nothing of the node's run tmpfs: CONTAINED", async (t) => {
+  const { pdk, cluster, home } = t.context;
+  const sb = await pdk.sandboxes.create({ cpu: 1 });
+  t.teardown(() => sb.kill());
+  const node = cluster.nodes[0] as { id: string; proc: { pid?: number } };
+  const run = nodeRunPath(home, node);
+  const before = await statfs(run);
+  let lowest = before.bavail;
+  await underAttack(t, 'dd of=/proc/1/fd/2 (the init stderr)', 'CONTAINED', async () =>
+    only(
+      await sustained(1500, async () => {
+        const r = await sb.exec(['sh', '-c', 'dd if=/dev/zero of=/proc/1/fd/2 bs=1M count=16 2>&1; ls -l /proc/1/fd/ 2>&1'], { timeoutMs: 30_000 });
+        lowest = Math.min(lowest, (await statfs(run)).bavail);
+        const grew = (before.bavail - lowest) * before.bsize;
+        return grew < 8 * 1024 * 1024 && !r.stdout.includes(home) ? 'CONTAINED' : `REACHED ${grew} bytes: ${r.stdout.slice(0, 200)}`;
+      }),
+    ),
+  );
+});
+
+test.serial('no host path inside: /proc/1/exe, /proc/1/fd and mountinfo name no node directory, node id or sandbox id: HIDDEN', async (t) => {
+  const { pdk, cluster, home } = t.context;
+  const sb = await pdk.sandboxes.create({ cpu: 1 });
+  t.teardown(() => sb.kill());
+  const nodeId = cluster.nodes[0]?.id as string;
+  const secrets = [home, nodeId, sb.id, '/var/cache/paddock', 'paddock'];
+  await underAttack(t, 'host paths via /proc/1/exe, /proc/1/fd, mountinfo', 'HIDDEN', async () =>
+    only(
+      await sustained(1500, async () => {
+        const r = await sb.exec(['sh', '-c', 'readlink /proc/1/exe /proc/1/fd/0 /proc/1/fd/1 /proc/1/fd/2 /proc/self/exe; cat /proc/self/mountinfo /proc/1/mountinfo; cat /proc/1/maps; ls -l /proc/1/fd /proc/self/fd; true'], { timeoutMs: 10_000 });
+        const text = `${r.stdout}\n${r.stderr}`;
+        const leaked = secrets.filter((x) => text.includes(x));
+        return leaked.length === 0 ? 'HIDDEN' : `LEAKED ${leaked.join(' ')}: ${text.slice(0, 600)}`;
+      }),
+    ),
+  );
+});
+
+test.serial('pid 1 cannot be killed from inside: its oom_score_adj and /proc/1/mem are closed, a memory hog is the OOM victim: MEMORY_LIMIT', async (t) => {
+  const sb = await t.context.pdk.sandboxes.create({ cpu: 1, memoryMiB: 64 });
+  t.teardown(() => sb.kill());
+  const tries = await sb.exec(['sh', '-c', 'echo 1000 > /proc/1/oom_score_adj && echo adj-written; dd if=/dev/zero of=/proc/1/mem bs=1 count=1 seek=4194304 2>/dev/null && echo mem-written; cat /proc/self/oom_score_adj']);
+  t.notRegex(tries.stdout, /adj-written|mem-written/);
+  t.is(tries.stdout.trim(), '500');
+  const hog = `awk 'BEGIN { s = "x"; while (1) s = s s }'`;
+  await underAttack(t, 'oom_score_adj on pid 1, then a memory hog', 'MEMORY_LIMIT', async () =>
+    only(
+      await sustained(1500, async () => {
+        await sb.exec(['sh', '-c', 'echo 1000 > /proc/1/oom_score_adj'], { timeoutMs: 10_000 });
+        return (await sb.exec(['sh', '-c', hog], { timeoutMs: 30_000 })).verdict;
+      }),
+    ),
+  );
+  t.is((await sb.exec(['echo', 'ok'])).stdout, 'ok\n');
+  t.is((await sb.refresh()).state, 'running');
+});
+
+test.serial('a sandbox whose init dies ends failed with reason crashed, at once: CRASHED', async (t) => {
+  const { pdk, cluster } = t.context;
+  const sb = await pdk.sandboxes.create({ cpu: 1 });
+  const nodeId = cluster.nodes[0]?.id as string;
+  await underAttack(t, 'the init killed (as by an OOM kill)', 'CRASHED', async () => {
+    // From the host, as the OOM killer would: every process of the sandbox's cgroup.
+    const procs = await readFile(`/sys/fs/cgroup/pids/paddock/${nodeId}/${sb.id}/cgroup.procs`, 'utf8');
+    for (const pid of procs.split('\n').filter(Boolean)) process.kill(Number(pid), 'SIGKILL');
+    for (let i = 0; i < 100; i++) {
+      const info = await sb.refresh();
+      if (info.state === 'failed') return info.reason === 'crashed' ? 'CRASHED' : `failed ${info.reason}`;
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    const r = await sb.exec(['echo', 'ok']).catch((e: { code?: string }) => e.code ?? 'error');
+    return `still ${sb.info.state}; exec: ${typeof r === 'string' ? r : `${r.exitCode} ${r.verdict}`}`;
+  });
+  const e = await sb.exec(['echo', 'ok']).catch((err: { code?: string }) => err);
+  t.is((e as { code?: string }).code, 'NOT_FOUND');
 });

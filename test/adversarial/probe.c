@@ -29,7 +29,38 @@ static void report(const char *name, long r) {
 
 #define IOC(dir, type, nr, size) (((unsigned long)(dir) << 30) | ((unsigned long)(size) << 16) | ((unsigned long)(type) << 8) | (nr))
 
-int main(void) {
+#ifndef AF_VSOCK
+#define AF_VSOCK 40
+#endif
+#ifndef AF_ALG
+#define AF_ALG 38
+#endif
+
+/* `probe sockets`: each socket family, allowed (OK) or not (the errno). */
+static int sockets(void) {
+  report("socket_unix", socket(AF_UNIX, SOCK_STREAM, 0));
+  report("socket_inet", socket(AF_INET, SOCK_STREAM, 0));
+  report("socket_inet6", socket(AF_INET6, SOCK_DGRAM, 0));
+  report("socket_netlink_route", socket(AF_NETLINK, SOCK_RAW, 0));
+  report("socketpair_unix", socketpair(AF_UNIX, SOCK_STREAM, 0, (int[2]){0, 0}));
+  report("socket_vsock", socket(AF_VSOCK, SOCK_STREAM, 0));
+  report("socket_alg", socket(AF_ALG, SOCK_SEQPACKET, 0));
+  report("socket_packet", socket(AF_PACKET, SOCK_DGRAM, 0));
+  report("socket_netlink_audit", socket(AF_NETLINK, SOCK_RAW, 9));
+  report("socket_netlink_kobject_uevent", socket(AF_NETLINK, SOCK_DGRAM, 15));
+  report("socket_netlink_netfilter", socket(AF_NETLINK, SOCK_RAW, 12));
+  report("socket_key", socket(AF_KEY, SOCK_RAW, 2));
+  report("socket_bluetooth", socket(AF_BLUETOOTH, SOCK_RAW, 0));
+  report("socket_appletalk", socket(AF_APPLETALK, SOCK_DGRAM, 0));
+  report("socket_tipc", socket(AF_TIPC, SOCK_RDM, 0));
+  report("socket_rds", socket(AF_RDS, SOCK_SEQPACKET, 0));
+  report("socket_family_200", socket(200, SOCK_STREAM, 0));
+  report("socketpair_inet", socketpair(AF_INET, SOCK_STREAM, 0, (int[2]){0, 0}));
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc > 1 && strcmp(argv[1], "sockets") == 0) return sockets();
   char buf[4096] = {0};
   report("mount", mount("none", "/mnt", "tmpfs", 0, NULL));
   report("umount", umount2("/proc", MNT_DETACH));
