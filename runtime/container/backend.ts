@@ -413,7 +413,8 @@ export class ContainerBackend implements Backend {
       if (Date.now() > deadline) {
         throw new ProtocolError('BACKEND_FAILED', `cgroups of ${path} still hold tasks after ${DESTROY_WAIT_MS} ms: ${left.join(', ')}`);
       }
-      for (const d of left) await killAll(d);
+      // Every hierarchy holds the same tasks: one list to kill from (thousands of pids, each a syscall).
+      await killAll(left.find((d) => d.includes('/pids/')) ?? (left[0] as string));
       await new Promise((r) => setTimeout(r, wait));
     }
     if (this.cgroupMode === 'v1') await rm(join('/sys/fs/cgroup/unified', path), { recursive: true, force: true });

@@ -1,7 +1,10 @@
 /** Attacks on resources: each one ends in a verdict, the sandbox survives it, the neighbour does not notice. */
-import { statfs } from 'node:fs/promises';
+import { readdir, readFile, stat, statfs } from 'node:fs/promises';
+import { createInbox } from '@nats-io/transport-node';
+import type { ExecutionContext } from 'ava';
+import { decode, encode, subjects } from '../../protocol/index.ts';
 import { PaddockError, type Sandbox } from '../../sdk/index.ts';
-import { advTest, only, sustained, underAttack } from './harness.ts';
+import { type AdvContext, advTest, only, probeBinary, sustained, underAttack } from './harness.ts';
 
 const test = advTest();
 
@@ -109,4 +112,81 @@ test.serial('honest resources: nproc and /proc/meminfo show the sandbox its own 
   t.is((await sb.exec(['nproc'])).stdout.trim(), '1');
   const mem = await sb.exec(['sh', '-c', "awk '/MemTotal/ {print $2}' /proc/meminfo"]);
   t.is(Number(mem.stdout.trim()), 192 * 1024);
+});
+
+test.serial('a sandbox of 3,000 processes, killed, leaves no cgroup in any hierarchy: REMOVED', async (t) => {
+  const { pdk, cluster } = t.context;
+  const sb = await pdk.sandboxes.create({ cpu: 1, memoryMiB: 1024, pidsLimit: 4096 });
+  const nodeId = cluster.nodes[0]?.id as string;
+  const hierarchies = (await readdir('/sys/fs/cgroup')).filter((h) => h !== 'unified');
+  await underAttack(t, '3,000 processes, then kill', 'REMOVED', async () => {
+    await sb.files.write('/usr/local/bin/probe', await probeBinary(), { mode: 0o755 });
+    const r = await sb.exec(['/usr/local/bin/probe', 'procs', '3000'], { timeoutMs: 120_000 });
+    if (r.stdout !== 'started 3000\n') return `not started: ${r.verdict} ${r.stdout} ${r.stderr.slice(0, 200)}`;
+    const n = Number((await readFile(`/sys/fs/cgroup/pids/paddock/${nodeId}/${sb.id}/pids.current`, 'utf8')).trim());
+    if (n < 3000) return `only ${n} processes`;
+    await sb.kill();
+    const left = [];
+    for (const h of hierarchies) if (await stat(`/sys/fs/cgroup/${h}/paddock/${nodeId}/${sb.id}`).catch(() => null)) left.push(h);
+    return left.length === 0 ? 'REMOVED' : `LEAKED in ${left.join(' ')}`;
+  });
+});
+
+test.serial('a writable layer out of inodes (empty files) ends the exec with DISK_LIMIT', async (t) => {
+  const sb = await t.context.pdk.sandboxes.create({ cpu: 1, memoryMiB: 256, diskMiB: 64 });
+  t.teardown(() => sb.kill());
+  await underAttack(t, 'inode exhaustion (empty files)', 'DISK_LIMIT', async () =>
+    only(await sustained(1000, async () => (await sb.exec(['sh', '-c', 'mkdir -p /tmp/i && cd /tmp/i && n=0; while : > f$n; do n=$((n+1)); done; echo $n; exit 1'], { timeoutMs: 60_000 })).verdict)),
+  );
+  await sb.exec(['rm', '-rf', '/tmp/i']);
+  t.is((await sb.exec(['sh', '-c', 'echo fits > /tmp/small && cat /tmp/small'])).stdout, 'fits\n');
+});
+
+test.serial('fallocate past diskMiB ends with DISK_LIMIT', async (t) => {
+  const sb = await t.context.pdk.sandboxes.create({ cpu: 1, memoryMiB: 256, diskMiB: 64 });
+  t.teardown(() => sb.kill());
+  await underAttack(t, 'fallocate past diskMiB', 'DISK_LIMIT', async () => only(await sustained(1000, async () => (await sb.exec(['fallocate', '-l', '100M', '/tmp/big'], { timeoutMs: 30_000 })).verdict)));
+});
+
+test.serial('with the default spec a disk filler ends in DISK_LIMIT (not MEMORY_LIMIT) and the sandbox still runs commands', async (t) => {
+  const sb = await t.context.pdk.sandboxes.create({ cpu: 1 });
+  t.teardown(() => sb.kill());
+  await underAttack(t, 'disk filler, default spec', 'DISK_LIMIT', async () => only(await sustained(1500, async () => (await sb.exec(['sh', '-c', 'rm -f /tmp/fill; yes > /tmp/fill'], { timeoutMs: 30_000 })).verdict)));
+  t.is((await sb.exec(['echo', 'ok'])).stdout, 'ok\n');
+});
+
+/** A streamed exec driven on the wire, so the test can cancel or kill it and still read its exit. */
+async function streamedVerdict(t: ExecutionContext<AdvContext>, sb: Sandbox, stop: (execId: string) => Promise<unknown>): Promise<string> {
+  const nc = t.context.pdk.nc;
+  const inbox = createInbox();
+  const sub = nc.subscribe(inbox);
+  const execId = `x${Math.random().toString(36).slice(2, 10)}`;
+  nc.publish(subjects.sandbox(sb.id, 'exec'), encode({ cmd: ['sh', '-c', 'echo started; sleep 30'], timeoutMs: 60_000, stream: true, execId }), { reply: inbox });
+  const timer = setTimeout(() => sub.unsubscribe(), 30_000);
+  try {
+    for await (const m of sub) {
+      const ev = decode(m.data) as { t?: string; verdict?: string; d?: Uint8Array; error?: { code: string } };
+      if (ev.t === 'out') void stop(execId);
+      if (ev.t === 'exit') return ev.verdict as string;
+      if (ev.t === 'error') return `error ${ev.error?.code}`;
+    }
+    return 'no exit';
+  } finally {
+    clearTimeout(timer);
+    sub.unsubscribe();
+  }
+}
+
+test.serial('a streamed exec cancelled with exec.cancel ends with CANCELLED', async (t) => {
+  const sb = await t.context.pdk.sandboxes.create({ cpu: 1 });
+  t.teardown(() => sb.kill());
+  const nc = t.context.pdk.nc;
+  await underAttack(t, 'streamed exec, exec.cancel', 'CANCELLED', async () =>
+    only(await sustained(1000, () => streamedVerdict(t, sb, (execId) => nc.request(subjects.sandbox(sb.id, 'exec.cancel'), encode({ execId }), { timeout: 10_000 })))),
+  );
+});
+
+test.serial('a streamed exec whose sandbox is killed ends with KILLED', async (t) => {
+  const sb = await t.context.pdk.sandboxes.create({ cpu: 1 });
+  await underAttack(t, 'streamed exec, sandbox killed', 'KILLED', () => streamedVerdict(t, sb, () => sb.kill()));
 });

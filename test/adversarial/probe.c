@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
@@ -59,8 +60,23 @@ static int sockets(void) {
   return 0;
 }
 
+/* `probe procs N`: N children that wait forever (a sandbox full of processes), then "started N". */
+static int procs(int n) {
+  int i = 0;
+  for (; i < n; i++) {
+    pid_t c = fork();
+    if (c < 0) break;
+    if (c == 0) {
+      for (;;) pause();
+    }
+  }
+  printf("started %d\n", i);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "sockets") == 0) return sockets();
+  if (argc > 2 && strcmp(argv[1], "procs") == 0) return procs(atoi(argv[2]));
   char buf[4096] = {0};
   report("mount", mount("none", "/mnt", "tmpfs", 0, NULL));
   report("umount", umount2("/proc", MNT_DETACH));

@@ -1,0 +1,58 @@
+/**
+ * Admission against what the host has: pids (one kernel table for every sandbox) and writable
+ * layers (RAM). The node here is given small fixed capacities so that a few sandboxes fill them.
+ */
+import { PaddockError } from '../../sdk/index.ts';
+import { advTest, underAttack } from './harness.ts';
+
+// The neighbour (default spec: 1,024 pids, a 128 MiB layer) takes its share of both first.
+const test = advTest({ env: { PADDOCK_NODE_PIDS: '8192', PADDOCK_NODE_DISK_MIB: '2048' } });
+
+const codeOf = (e: unknown) => (e instanceof PaddockError ? e.code : `threw ${String(e)}`);
+
+test.serial('pids past the node can hold are refused at admission, and a spec that can never fit too: NO_CAPACITY', async (t) => {
+  const { pdk } = t.context;
+  const made: Array<{ kill: () => Promise<unknown> }> = [];
+  t.teardown(async () => {
+    for (const sb of made) await sb.kill().catch(() => {});
+  });
+  await underAttack(t, 'pidsLimit past the host pid table', 'NO_CAPACITY', async () => {
+    // 7,168 pids left: three sandboxes of 2,048 fit, a fourth does not.
+    for (let i = 0; i < 3; i++) made.push(await pdk.sandboxes.create({ cpu: 0.1, pidsLimit: 2048 }));
+    const fourth = await pdk.sandboxes.create({ cpu: 0.1, pidsLimit: 2048 }).then((sb) => {
+      made.push(sb);
+      return 'admitted';
+    }, codeOf);
+    const huge = await pdk.sandboxes.create({ cpu: 0.1, pidsLimit: 65536 }).then((sb) => {
+      made.push(sb);
+      return 'admitted';
+    }, codeOf);
+    return fourth === huge ? fourth : `${fourth} / ${huge}`;
+  });
+});
+
+test.serial('writable layers past the node can hold are refused at admission: NO_CAPACITY', async (t) => {
+  const { pdk } = t.context;
+  const made: Array<{ kill: () => Promise<unknown> }> = [];
+  t.teardown(async () => {
+    for (const sb of made) await sb.kill().catch(() => {});
+  });
+  await underAttack(t, 'diskMiB past the node', 'NO_CAPACITY', async () => {
+    // 1,920 MiB left: one layer of 1,024 fits, a second does not.
+    made.push(await pdk.sandboxes.create({ cpu: 0.1, memoryMiB: 2048, diskMiB: 1024 }));
+    return pdk.sandboxes.create({ cpu: 0.1, memoryMiB: 2048, diskMiB: 1024 }).then((sb) => {
+      made.push(sb);
+      return 'admitted';
+    }, codeOf);
+  });
+});
+
+test.serial('a writable layer larger than half the memory is refused: INVALID_SPEC', async (t) => {
+  const { pdk } = t.context;
+  await underAttack(t, 'diskMiB > memoryMiB / 2', 'INVALID_SPEC', async () =>
+    pdk.sandboxes.create({ cpu: 0.1, memoryMiB: 256, diskMiB: 512 }).then(async (sb) => {
+      await sb.kill();
+      return 'admitted';
+    }, codeOf),
+  );
+});
