@@ -21,6 +21,12 @@ import { Limits, ProtocolError } from '../protocol/index.ts';
 
 const { O_RDONLY, O_WRONLY, O_CREAT, O_TRUNC, O_NOFOLLOW, O_NONBLOCK, O_DIRECTORY } = constants;
 const MAX_LINKS = 40;
+/**
+ * Components walked for one path, links expanded: the kernel's 40 links, each of up to 4 KiB of
+ * `a/../`, made one read 64,000 lstat calls — a thread-pool thread held for 10–13 s. No path a
+ * program uses comes near it: PATH_MAX allows 2,048 components in a path without links.
+ */
+const MAX_STEPS = 4096;
 /** Offsets past this are refused: no sandbox layer is that large, and a sparse file that big helps no one. */
 export const MAX_OFFSET = 2 ** 40;
 
@@ -104,10 +110,12 @@ export class RootFiles {
     const stack: string[] = [];
     let queue = path.split('/').filter((c) => c !== '' && c !== '.');
     let links = 0;
+    let steps = 0;
     let missing = false;
     const dev = this.opts.oneFilesystem ? (await stat(this.root)).dev : undefined;
     while (queue.length > 0) {
       const c = queue.shift() as string;
+      if (++steps > MAX_STEPS) throw new ProtocolError('FORBIDDEN', `${path}: more than ${MAX_STEPS} path components through symbolic links`);
       if (c === '..') {
         stack.pop();
         continue;

@@ -20,6 +20,7 @@
 #include <sys/syscall.h>
 #include <sys/sysmacros.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 static void report(const char *name, long r) {
@@ -74,8 +75,39 @@ static int procs(int n) {
   return 0;
 }
 
+/* `probe deep DIR N`: a chain of N directories under DIR (far past PATH_MAX), then "deep N". */
+static int deep(const char *dir, int n) {
+  if (mkdir(dir, 0755) < 0 || chdir(dir) < 0) return 1;
+  int i = 0;
+  for (; i < n; i++)
+    if (mkdir("d", 0755) < 0 || chdir("d") < 0) break;
+  printf("deep %d\n", i);
+  return i == n ? 0 : 1;
+}
+
+/* `probe swap DIR SECONDS`: swaps DIR/a (a directory) and DIR/b (a symlink to /) as fast as it can. */
+static int swap(const char *dir, int seconds) {
+  char a[4096], b[4096];
+  snprintf(a, sizeof a, "%s/a", dir);
+  snprintf(b, sizeof b, "%s/b", dir);
+  mkdir(dir, 0755);
+  mkdir(a, 0755);
+  char f[4200];
+  snprintf(f, sizeof f, "%s/f", a);
+  close(open(f, O_CREAT | O_WRONLY, 0644));
+  if (symlink("/", b) < 0 && errno != EEXIST) return 1;
+  long n = 0;
+  time_t end = time(NULL) + seconds;
+  while (time(NULL) < end)
+    for (int k = 0; k < 1000; k++, n++) syscall(SYS_renameat2, AT_FDCWD, a, AT_FDCWD, b, 2 /* RENAME_EXCHANGE */);
+  printf("swapped %ld\n", n);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "sockets") == 0) return sockets();
+  if (argc > 3 && strcmp(argv[1], "deep") == 0) return deep(argv[2], atoi(argv[3]));
+  if (argc > 3 && strcmp(argv[1], "swap") == 0) return swap(argv[2], atoi(argv[3]));
   if (argc > 2 && strcmp(argv[1], "procs") == 0) return procs(atoi(argv[2]));
   char buf[4096] = {0};
   report("mount", mount("none", "/mnt", "tmpfs", 0, NULL));

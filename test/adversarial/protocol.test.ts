@@ -7,7 +7,8 @@ import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { RootFiles } from '../../runtime/files.ts';
 import { decode, encode, subjects } from '../../protocol/index.ts';
-import { advTest, only, sustained, underAttack } from './harness.ts';
+import { PaddockError } from '../../sdk/index.ts';
+import { advTest, only, probeBinary, sustained, underAttack } from './harness.ts';
 
 const test = advTest();
 const sh = promisify(execFile);
@@ -133,4 +134,89 @@ test.serial('device files and sockets in a sandbox root are never opened', async
   const st = await stat(join(root, 'new', 'dir', 'file'));
   const dir = await stat(join(root, 'new'));
   t.deepEqual([st.uid, st.gid, dir.uid], [1_000_000_000, 1_000_000_000, 1_000_000_000]);
+});
+
+const codeOf = (e: unknown) => (e instanceof PaddockError ? e.code : `threw ${(e as Error)?.name}: ${(e as Error)?.message}`);
+
+test.serial('files.remove of a 30,000-deep tree finishes with bounded fds: REMOVED', async (t) => {
+  const sb = await t.context.pdk.sandboxes.create({ cpu: 1, memoryMiB: 512 });
+  t.teardown(() => sb.kill());
+  await sb.files.write('/usr/local/bin/probe', await probeBinary(), { mode: 0o755 });
+  await underAttack(t, 'files.remove of a 30,000-deep tree', 'REMOVED', async () => {
+    const made = await sb.exec(['/usr/local/bin/probe', 'deep', '/tmp/deep', '30000'], { timeoutMs: 120_000 });
+    if (made.stdout !== 'deep 30000\n') return `not made: ${made.stdout}${made.stderr}`;
+    const removed = await sb.files.remove('/tmp/deep', { recursive: true, timeoutMs: 120_000 }).then(() => 'done', codeOf);
+    const gone = (await sb.exec(['sh', '-c', 'test -e /tmp/deep && echo left || echo gone'])).stdout.trim();
+    return removed === 'done' && gone === 'gone' ? 'REMOVED' : `${removed}, tree ${gone}`;
+  });
+});
+
+test.serial('a directory swapped for a symlink during files calls gives NOT_FOUND or FORBIDDEN, never INTERNAL: CLEAR', async (t) => {
+  const sb = await t.context.pdk.sandboxes.create({ cpu: 1 });
+  t.teardown(() => sb.kill());
+  await sb.files.write('/usr/local/bin/probe', await probeBinary(), { mode: 0o755 });
+  const codes = new Map<string, number>();
+  await underAttack(t, 'dir<->symlink swap race during files calls', 'CLEAR', async () => {
+    const swapping = sb.exec(['/usr/local/bin/probe', 'swap', '/tmp/race', '6'], { timeoutMs: 30_000 });
+    await new Promise((r) => setTimeout(r, 300));
+    const end = Date.now() + 4000;
+    const note = (verb: string, p: Promise<unknown>) =>
+      p.then(
+        () => codes.set(`${verb} OK`, (codes.get(`${verb} OK`) ?? 0) + 1),
+        (e: unknown) => codes.set(`${verb} ${codeOf(e)}`, (codes.get(`${verb} ${codeOf(e)}`) ?? 0) + 1),
+      );
+    while (Date.now() < end) {
+      await Promise.all([
+        note('read', sb.files.read('/tmp/race/a/f')),
+        note('list', sb.files.list('/tmp/race/a')),
+        note('write', sb.files.write('/tmp/race/a/g', 'x')),
+        note('remove', sb.files.remove('/tmp/race/a/g')),
+      ]);
+    }
+    await swapping;
+    const bad = [...codes.keys()].filter((k) => !/ (OK|NOT_FOUND|FORBIDDEN|INVALID_REQUEST)$/.test(k));
+    return bad.length === 0 ? 'CLEAR' : `UNCLEAR ${bad.join(', ')}`;
+  });
+  t.log(Object.fromEntries(codes));
+});
+
+test.serial('file names that are not UTF-8 are listed as bytes and removed with their directory: LISTED', async (t) => {
+  const sb = await t.context.pdk.sandboxes.create({ cpu: 1 });
+  t.teardown(() => sb.kill());
+  await sb.exec(['sh', '-c', `mkdir -p /tmp/names && cd /tmp/names && touch "$(printf 'f\\377\\376')" plain && mkdir "$(printf 'd\\377')" && touch "$(printf 'd\\377/inner')"`]);
+  await underAttack(t, 'non-UTF-8 file names', 'LISTED', async () => {
+    const entries = await sb.files.list('/tmp/names');
+    const raw = entries.map((e) => Buffer.from(e.nameBytes ?? Buffer.from(e.name)).toString('hex')).sort();
+    const expected = [Buffer.from('plain'), Buffer.from([0x64, 0xff]), Buffer.from([0x66, 0xff, 0xfe])].map((b) => b.toString('hex')).sort();
+    const removed = await sb.files.remove('/tmp/names', { recursive: true }).then(() => 'removed', codeOf);
+    const gone = (await sb.exec(['sh', '-c', 'test -e /tmp/names && echo left || echo gone'])).stdout.trim();
+    return JSON.stringify(raw) === JSON.stringify(expected) && removed === 'removed' && gone === 'gone' ? 'LISTED' : `listed ${raw.join(',')}; ${removed}; ${gone}`;
+  });
+});
+
+test.serial('a path through a 40-link chain of long symlinks is refused at once: FORBIDDEN', async (t) => {
+  const sb = await t.context.pdk.sandboxes.create({ cpu: 1 });
+  t.teardown(() => sb.kill());
+  // Each link: 800 times `a/../` (4,000 bytes), then the previous link.
+  await sb.exec(['sh', '-c', 'mkdir -p /tmp/chain/a && cd /tmp/chain && echo x > l0 && p=""; i=0; while [ $i -lt 800 ]; do p="${p}a/../"; i=$((i+1)); done; i=1; while [ $i -le 39 ]; do ln -s "${p}l$((i-1))" l$i; i=$((i+1)); done']);
+  await underAttack(t, 'a 40-link chain of 4 KiB symlinks', 'FORBIDDEN', async () =>
+    only(await sustained(1000, () => sb.files.readText('/tmp/chain/l39', { timeoutMs: 60_000 }).then(() => 'read', codeOf))),
+  );
+});
+
+test.serial('SDK checks before sending: a 50 MiB env is PAYLOAD_TOO_LARGE, timeoutMs 1e15 INVALID_REQUEST, sandboxes.get("*") a PaddockError: CLEAR', async (t) => {
+  const { pdk } = t.context;
+  const sb = await pdk.sandboxes.create({ cpu: 1 });
+  t.teardown(() => sb.kill());
+  let seen: string[] = [];
+  await underAttack(t, 'SDK: 50 MiB env, timeoutMs 1e15, get("*")', 'CLEAR', async () => {
+    seen = [
+      await sb.exec(['true'], { env: { BIG: 'x'.repeat(50 * 1024 * 1024) } }).then(() => 'OK', codeOf),
+      await sb.exec(['true'], { timeoutMs: 1e15 }).then(() => 'OK', codeOf),
+      await pdk.sandboxes.get('*').then(() => 'OK', codeOf),
+      await pdk.sandboxes.get('a.b').then(() => 'OK', codeOf),
+    ];
+    return JSON.stringify(seen) === JSON.stringify(['PAYLOAD_TOO_LARGE', 'INVALID_REQUEST', 'INVALID_REQUEST', 'INVALID_REQUEST']) ? 'CLEAR' : `UNCLEAR ${seen.join(' ')}`;
+  });
+  t.is((await sb.exec(['echo', 'ok'])).stdout, 'ok\n');
 });
