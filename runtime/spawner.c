@@ -34,6 +34,8 @@
  * End of file on stdin ends this process; commands still running go on. It is their subreaper
  * (see main) and reaps every process that ends under it.
  *
+ * argv[0] "@charge" runs no program: see charge().
+ *
  * Arguments: "fd3" (see above), and "seal=<path>": the program at <path> (crun) is copied once
  * into a sealed memfd, and a request whose argv[0] is <path> executes that copy. crun, like runc,
  * defends against CVE-2019-5736 (a container overwriting the runtime's binary through
@@ -54,6 +56,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mount.h>
+#include <linux/falloc.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/sendfile.h>
@@ -151,6 +154,23 @@ static void own_mounts(int errw, const struct run *r) {
   if (chdir("/") < 0) fail(errw, 125, "chdir /");
 }
 
+/*
+ * `@charge <cgroup.procs> <file> <offset> <length>`, run in place of a program: joins the cgroup
+ * (a sandbox's memory cgroup) and allocates the range of the file there, so that the pages of a
+ * tmpfs write the node then makes into them are charged to the sandbox, not to the node. Exits
+ * with fallocate's errno, 0 when done.
+ */
+static void __attribute__((noreturn)) charge(int errw, const struct run *r) {
+  if (!r->argv[1] || !r->argv[2] || !r->argv[3] || !r->argv[4]) fail(errw, 125, "@charge: 4 arguments");
+  int c = open(r->argv[1], O_WRONLY | O_CLOEXEC);
+  if (c < 0 || write(c, "0", 1) != 1) fail(errw, 125, "join %s", r->argv[1]);
+  close(c);
+  int fd = open(r->argv[2], O_WRONLY | O_CLOEXEC);
+  if (fd < 0) fail(errw, 125, "open %s", r->argv[2]);
+  if (fallocate(fd, FALLOC_FL_KEEP_SIZE, atoll(r->argv[3]), atoll(r->argv[4])) < 0) _exit(errno);
+  _exit(0);
+}
+
 static void onto(int errw, int fd, int target) {
   if (dup2(fd, target) < 0) fail(errw, 125, "dup2 %d", target);
   close(fd);
@@ -169,6 +189,7 @@ static void __attribute__((noreturn)) child(const struct run *r, int errw, int c
   else if (capw >= 0) onto(errw, capw, 2);
   else redirect(errw, 2, r->err, O_WRONLY | O_CREAT | O_TRUNC);
   if (!(have_fd3 && strchr(r->flags, '3'))) close(3);
+  if (strcmp(r->argv[0], "@charge") == 0) charge(errw, r);
   if (strchr(r->flags, 'i')) {
     struct sched_param p = {0};
     if (sched_setscheduler(0, SCHED_IDLE, &p) < 0) fail(errw, 125, "SCHED_IDLE");

@@ -307,7 +307,21 @@ export class ContainerBackend implements Backend {
   files(id: string): RootFiles {
     // The root's own filesystem only: through the init's root, the container's /proc, /dev and /sys
     // are mounted too, and the node is real root.
-    return new RootFiles(this.rootOf(id), { uid: this.hardening.ids.hostId, gid: this.hardening.ids.hostId }, { oneFilesystem: true });
+    return new RootFiles(this.rootOf(id), { uid: this.hardening.ids.hostId, gid: this.hardening.ids.hostId }, { oneFilesystem: true, charge: (fd, offset, length) => this.charge(id, fd, offset, length) });
+  }
+
+  /**
+   * Allocates a range of a file in the sandbox's writable layer from a process in the sandbox's
+   * memory cgroup (the spawner's `@charge`), so the node's write into it lands on the sandbox's
+   * memory: its limit bounds what the files API can make it hold, as it bounds what it writes itself.
+   */
+  private async charge(id: string, fd: number, offset: number, length: number): Promise<void> {
+    const procs = join(cgroupDir(this.cgroupMode, this.cgroupPath(id), this.cgroupMode === 'v2' ? '' : 'memory'), 'cgroup.procs');
+    const { code } = await this.spawner().run({ argv: ['@charge', procs, `/proc/${process.pid}/fd/${fd}`, String(offset), String(length)] });
+    if (code === 0) return;
+    if (code === ENOSPC) throw new ProtocolError('DISK_LIMIT', `the sandbox's writable layer is full`);
+    if (code === ENOMEM) throw new ProtocolError('MEMORY_LIMIT', `the sandbox's memory is full: its writable layer is memory`);
+    throw new ProtocolError('BACKEND_FAILED', `allocating ${length} bytes in sandbox ${id}: errno ${code}`);
   }
 
   /**
@@ -537,6 +551,9 @@ function deferCpuQuota(config: Record<string, unknown>): CpuQuota | undefined {
   if (cpu.period === DEFAULT_CFS_PERIOD_US) delete cpu.period;
   return q;
 }
+
+const ENOSPC = osConstants.errno.ENOSPC;
+const ENOMEM = osConstants.errno.ENOMEM;
 
 /** How long destroy waits for a sandbox's tasks to leave its cgroups (thousands of processes take a moment to die). */
 const DESTROY_WAIT_MS = 30_000;

@@ -190,3 +190,24 @@ test.serial('a streamed exec whose sandbox is killed ends with KILLED', async (t
   const sb = await t.context.pdk.sandboxes.create({ cpu: 1 });
   await underAttack(t, 'streamed exec, sandbox killed', 'KILLED', () => streamedVerdict(t, sb, () => sb.kill()));
 });
+
+test.serial("files.write is charged to the sandbox's memory cgroup, not the node's: CHARGED", async (t) => {
+  const { pdk, cluster } = t.context;
+  const sb = await pdk.sandboxes.create({ cpu: 1, memoryMiB: 128, diskMiB: 64 });
+  t.teardown(() => sb.kill());
+  const usage = async () => Number((await readFile(`/sys/fs/cgroup/memory/paddock/${cluster.nodes[0]?.id}/${sb.id}/memory.usage_in_bytes`, 'utf8')).trim());
+  await underAttack(t, '48 MiB files.write, memory cgroup', 'CHARGED', async () => {
+    const before = await usage();
+    await sb.files.write('/tmp/upload.bin', Buffer.alloc(48 * 1024 * 1024, 0x61));
+    const grew = (await usage()) - before;
+    return grew >= 40 * 1024 * 1024 ? 'CHARGED' : `UNCHARGED (+${Math.round(grew / 1024)} KiB)`;
+  });
+  t.is((await sb.exec(['sh', '-c', 'wc -c < /tmp/upload.bin'])).stdout.trim(), String(48 * 1024 * 1024));
+  // Past the layer: DISK_LIMIT, and the sandbox goes on.
+  const code = await sb.files.write('/tmp/more.bin', Buffer.alloc(32 * 1024 * 1024)).then(
+    () => 'OK',
+    (e: { code?: string }) => e.code,
+  );
+  t.is(code, 'DISK_LIMIT');
+  t.is((await sb.exec(['echo', 'ok'])).stdout, 'ok\n');
+});
