@@ -2,6 +2,7 @@
  * Binds one sandbox actor to NATS: it subscribes to `pdk.v1.sb.<id>.>`, turns verbs into events
  * or backend calls, and publishes every transition as an event and a directory record.
  */
+import { cpus } from 'node:os';
 import type { KV } from '@nats-io/kv';
 import type { NatsConnection, Subscription } from '@nats-io/transport-node';
 import { trace } from '@opentelemetry/api';
@@ -28,8 +29,9 @@ import {
   validateStep,
 } from '../protocol/index.ts';
 import type { StepJournal } from '../chronus/journal.ts';
-import { type Backend, EXEC_KILLED, type ExecOutcome } from '../runtime/backend.ts';
+import { type Backend, EXEC_KILLED, type ExecOptions, type ExecOutcome } from '../runtime/backend.ts';
 import type { ImageManifest } from '../runtime/images/store.ts';
+import { Semaphore } from '../runtime/limit.ts';
 import { type Request, STREAMED, serve } from './bind.ts';
 import { allows, isAsleep, isFinal, publicState, type SandboxContext, type SandboxEvent, sandboxMachine } from './sandbox.ts';
 
@@ -48,6 +50,11 @@ export interface SandboxHostDeps {
   /** The command log: an exec or write that carries a rollout step runs through it, at most once. */
   journal?: StepJournal;
 }
+
+/** Execs one sandbox starts at once (execSlots): half the node's CPUs, so one sandbox's execs leave the other half to the rest. */
+const EXEC_STARTS_PER_SANDBOX = Math.max(1, Math.floor(cpus().length / 2));
+/** How long an exec holds its start slot at most: well past a `crun exec` (~3–20 ms here). */
+const EXEC_START_HOLD_MS = 100;
 
 /** Room for the reply's envelope and fields around stdout and stderr. */
 const REPLY_OVERHEAD = 64 * 1024;
@@ -101,6 +108,14 @@ export class SandboxHost {
   private sub?: Subscription;
   private logger?: Logger;
   private readonly execs = new Map<string, AbortController>();
+  /**
+   * Execs of this sandbox starting at once; the rest wait their turn. Starting one (`crun exec`:
+   * joining the namespaces and cgroups) costs the node's CPU, not the sandbox's quota: 1,000
+   * concurrent execs in one sandbox were 1,000 crun processes at once and a neighbour's exec timed
+   * out. A slot is held until the exec ends or EXEC_START_HOLD_MS have passed, so a long-running
+   * exec (a server, a watcher) never keeps the next one waiting for longer.
+   */
+  private readonly execSlots = new Semaphore(EXEC_STARTS_PER_SANDBOX);
   /** Directory writes in transition order. */
   private published: Promise<void> = Promise.resolve();
   private readonly waiters: Array<{ states: SandboxState[]; resolve: () => void }> = [];
@@ -335,6 +350,18 @@ export class SandboxHost {
     }
   }
 
+  /** One exec through this sandbox's start slots (execSlots). */
+  private startExec(opts: ExecOptions): Promise<ExecOutcome> {
+    let exec: Promise<ExecOutcome> | undefined;
+    const started = this.execSlots.run(async () => {
+      exec = this.deps.backend.exec(this.id, opts);
+      let timer: NodeJS.Timeout | undefined;
+      await Promise.race([exec.catch(() => {}), new Promise((r) => (timer = setTimeout(r, EXEC_START_HOLD_MS)))]);
+      clearTimeout(timer);
+    });
+    return started.then(() => exec as Promise<ExecOutcome>);
+  }
+
   private async exec(req: Request): Promise<unknown> {
     const r = validateExec(req.body, { maxOutputBytes: this.deps.maxOutputBytes });
     const ctl = new AbortController();
@@ -348,8 +375,7 @@ export class SandboxHost {
       this.execs.set(execId, ctl);
       // The request returns at once; the stream is activity until its exit, so the idle timer waits.
       this.actor.send({ type: 'ACTIVITY_START' });
-      void this.deps.backend
-        .exec(this.id, { ...base, discard: true, onOutput: (s, d) => send({ t: s, d }) })
+      void this.startExec({ ...base, discard: true, onOutput: (s, d) => send({ t: s, d }) })
         .then((o) => send({ t: 'exit', exitCode: o.exitCode, ...(o.signal ? { signal: o.signal } : {}), durationMs: o.durationMs, truncated: o.truncated, timedOut: o.timedOut, verdict: verdictOf(o) }))
         .catch((err: unknown) => send({ t: 'error', error: { code: 'BACKEND_FAILED', message: (err as Error).message, retryable: true } }))
         .finally(() => {
@@ -364,7 +390,7 @@ export class SandboxHost {
     }
     this.execs.set(execId, ctl);
     try {
-      const run = async () => toResult(await this.deps.backend.exec(this.id, base));
+      const run = async () => toResult(await this.startExec(base));
       if (r.rolloutId !== undefined && r.step !== undefined) return await this.journal().exec({ rolloutId: r.rolloutId, step: r.step, sandbox: this.id }, r, run);
       return await run();
     } finally {

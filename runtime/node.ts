@@ -174,7 +174,6 @@ export class PaddockNode {
     const b = requireRecord(body, 'create');
     const spec = validateSpec(b.spec ?? {});
     const backend = this.backendFor(spec.backend);
-    const image = await this.images.forSpec(spec);
     if (b.id !== undefined && !isToken(b.id)) throw new ProtocolError('INVALID_REQUEST', 'id: must be 1-64 characters of [A-Za-z0-9_-]');
     const id = (b.id as string | undefined) ?? newSandboxId();
     if (this.sandboxes.has(id)) throw new ProtocolError('INVALID_REQUEST', `sandbox ${id} already exists`);
@@ -182,11 +181,10 @@ export class PaddockNode {
     const need: Resources = { cpu: spec.cpu, memoryMiB: spec.memoryMiB, sandboxes: 1, pids: spec.pidsLimit, diskMiB: diskMiBOf(spec) };
     const never = refusal({ capacity: this.capacity, allocated: { cpu: 0, memoryMiB: 0, sandboxes: 0 }, holds: new Map() }, need);
     if (never) throw new ProtocolError('NO_CAPACITY', `node ${this.id} can never hold this sandbox: ${never}`);
-    const snap = this.supervisor.getSnapshot();
-    if (admissionState(snap.value) !== 'serving') throw new ProtocolError('NO_CAPACITY', `node ${this.id} is draining`);
-    if (!snap.can({ type: 'ADMIT', id, need })) {
-      throw new ProtocolError('NO_CAPACITY', `node ${this.id} is full: ${refusal(snap.context, need) ?? 'refused'}`);
-    }
+    // Refused before the image is looked up: a trainer's creates past capacity cost the node little.
+    this.admissible(id, need);
+    const image = await this.images.forSpec(spec);
+    this.admissible(id, need);
     this.supervisor.send({ type: 'ADMIT', id, need });
 
     const host = new SandboxHost(
@@ -217,6 +215,15 @@ export class PaddockNode {
       throw new ProtocolError(e?.code ?? 'BACKEND_FAILED', `create failed: ${e?.message ?? 'unknown error'}`);
     }
     return { sandbox: info };
+  }
+
+  /** NO_CAPACITY unless the supervisor would admit `need` now. */
+  private admissible(id: string, need: Resources): void {
+    const snap = this.supervisor.getSnapshot();
+    if (admissionState(snap.value) !== 'serving') throw new ProtocolError('NO_CAPACITY', `node ${this.id} is draining`);
+    if (!snap.can({ type: 'ADMIT', id, need })) {
+      throw new ProtocolError('NO_CAPACITY', `node ${this.id} is full: ${refusal(snap.context, need) ?? 'refused'}`);
+    }
   }
 
   /** Applies a group verb to this node's sandboxes of `group`, many at once; a summary per sandbox. */

@@ -3,7 +3,7 @@
  * layers (RAM). The node here is given small fixed capacities so that a few sandboxes fill them.
  */
 import { PaddockError } from '../../sdk/index.ts';
-import { advTest, underAttack } from './harness.ts';
+import { advTest, only, underAttack } from './harness.ts';
 
 // The neighbour (default spec: 1,024 pids, a 128 MiB layer) takes its share of both first.
 const test = advTest({ env: { PADDOCK_NODE_PIDS: '8192', PADDOCK_NODE_DISK_MIB: '2048' } });
@@ -55,4 +55,34 @@ test.serial('a writable layer larger than half the memory is refused: INVALID_SP
       return 'admitted';
     }, codeOf),
   );
+});
+
+test.serial('300 concurrent creates past capacity are refused cheaply, the neighbour keeps its p50: NO_CAPACITY', async (t) => {
+  const { pdk } = t.context;
+  const made: Array<{ kill: () => Promise<unknown> }> = [];
+  t.teardown(async () => {
+    for (const sb of made) await sb.kill().catch(() => {});
+  });
+  await underAttack(t, '300 creates past capacity', 'NO_CAPACITY', async () => {
+    // The node holds one sandbox of 4,096 pids besides the neighbour's 1,024: the other 299 are refused.
+    const codes = await Promise.all(
+      Array.from({ length: 300 }, () =>
+        pdk.sandboxes.create({ cpu: 0.1, pidsLimit: 4096 }).then((sb) => {
+          made.push(sb);
+          return 'admitted';
+        }, codeOf),
+      ),
+    );
+    const refused = codes.filter((c) => c === 'NO_CAPACITY').length;
+    return refused === 299 && codes.filter((c) => c === 'admitted').length === 1 ? 'NO_CAPACITY' : `refused ${refused}: ${[...new Set(codes)].join(',')}`;
+  });
+});
+
+test.serial("1,000 concurrent execs in one sandbox wait their turn, and the neighbour's execs keep theirs: OK", async (t) => {
+  const sb = await t.context.pdk.sandboxes.create({ cpu: 1 });
+  t.teardown(() => sb.kill());
+  await underAttack(t, '1,000 concurrent execs in one sandbox', 'OK', async () => {
+    const verdicts = await Promise.all(Array.from({ length: 1000 }, () => sb.exec(['true'], { timeoutMs: 120_000 }).then((r) => r.verdict, codeOf)));
+    return only(verdicts);
+  });
 });
