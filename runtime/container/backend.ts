@@ -103,7 +103,7 @@ export class ContainerBackend implements Backend {
     this.cgroupMode = detectCgroups();
     this.hierarchies = this.cgroupMode === 'v2' ? [] : v1Hierarchies();
     this.sleeper = new CgroupSleep(this.cgroupMode);
-    this.hardening = new Hardening(opts.nodeDir);
+    this.hardening = new Hardening(opts.nodeDir, { mode: this.cgroupMode, path: `/paddock/${opts.nodeId}.lxcfs` });
     this.egress = new Egress(opts.nodeId);
     opts.layers.beforeUnmount = (m) => this.hardening.forgetLayer(m);
     if (this.cgroupMode === 'hybrid') {

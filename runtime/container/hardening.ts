@@ -17,14 +17,17 @@
  */
 import { spawn } from 'node:child_process';
 import { readFileSync } from 'node:fs';
-import { chmod, mkdir, readFile, rm, stat } from 'node:fs/promises';
+import { chmod, mkdir, readFile, rm, rmdir, stat, writeFile } from 'node:fs/promises';
 import { cpus as hostCpus } from 'node:os';
 import { dirname, join, relative, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { mounts } from '../cgroups.ts';
+import { type CgroupMode, cgroupDir, mounts } from '../cgroups.ts';
 import type { MountPlan } from '../spawner.ts';
 import { run } from '../proc.ts';
 import { type IdRange, SANDBOX_IDS } from './oci.ts';
+
+/** CPUs lxcfs may use, all sandboxes' /proc reads together (boundLxcfs). */
+const LXCFS_CPU = Number(process.env.PADDOCK_LXCFS_CPU) || 0.5;
 
 const IDMAP_HELPER = fileURLToPath(new URL('./idmap.py', import.meta.url));
 
@@ -36,8 +39,13 @@ export class Hardening {
   private readonly pins = new Map<string, number[]>();
   private lxcfsDir?: string;
   private lxcfsProc?: ReturnType<typeof spawn>;
+  private lxcfsCgroupDir?: string;
 
-  constructor(private readonly nodeDir: string) {
+  constructor(
+    private readonly nodeDir: string,
+    /** Where lxcfs runs under a CPU quota of its own (boundLxcfs). */
+    private readonly lxcfsCgroup?: { mode: CgroupMode; path: string },
+  ) {
     this.pinned = new Array(Math.max(1, onlineCpus().length)).fill(0);
   }
 
@@ -164,7 +172,37 @@ export class Hardening {
     }
     this.lxcfsProc = proc;
     this.lxcfsDir = dir;
+    if (proc.pid !== undefined) await this.boundLxcfs(proc.pid);
     return dir;
+  }
+
+  /**
+   * lxcfs answers every sandbox's reads of /proc/meminfo, cpuinfo, stat, … from its own threads:
+   * a 0.25-CPU sandbox reading them in a loop made it burn 5.1 s of host CPU in 8 s, 2.5× the
+   * sandbox's own share, outside any sandbox's quota. In a cgroup of its own with a quota of
+   * LXCFS_CPU and the smallest weight, what all sandboxes together can make it do is bounded; a
+   * flood of reads then slows the others' /proc reads (lxcfs is shared) but not the node.
+   */
+  private async boundLxcfs(pid: number): Promise<void> {
+    const cg = this.lxcfsCgroup;
+    if (!cg) return;
+    const dir = cgroupDir(cg.mode, cg.path, 'cpu');
+    try {
+      await mkdir(dir, { recursive: true });
+      if (cg.mode === 'v2') {
+        await writeFile(join(dir, 'cpu.max'), `${Math.round(LXCFS_CPU * 100_000)} 100000`);
+        await writeFile(join(dir, 'cpu.weight'), '1');
+      } else {
+        await writeFile(join(dir, 'cpu.cfs_quota_us'), String(Math.round(LXCFS_CPU * 100_000)));
+        await writeFile(join(dir, 'cpu.shares'), '2');
+      }
+      await writeFile(join(dir, 'cgroup.procs'), String(pid));
+      this.lxcfsCgroupDir = dir;
+    } catch (err) {
+      // Not bounded is a degradation, not a reason to refuse sandboxes.
+      this.lxcfsCgroupDir = undefined;
+      process.emitWarning(`lxcfs runs without a CPU quota: ${(err as Error).message}`);
+    }
   }
 
   get lxcfs(): string | undefined {
@@ -181,6 +219,12 @@ export class Hardening {
       await run('umount', ['-l', this.lxcfsDir], { allowFail: true });
       this.lxcfsProc?.kill('SIGTERM');
       this.lxcfsDir = undefined;
+    }
+    const cg = this.lxcfsCgroupDir;
+    this.lxcfsCgroupDir = undefined;
+    for (let i = 0; cg && i < 50; i++) {
+      if (await rmdir(cg).then(() => true, (e: NodeJS.ErrnoException) => e.code === 'ENOENT')) break;
+      await new Promise((r) => setTimeout(r, 20));
     }
   }
 }

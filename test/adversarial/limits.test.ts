@@ -1,5 +1,6 @@
 /** Attacks on resources: each one ends in a verdict, the sandbox survives it, the neighbour does not notice. */
 import { readdir, readFile, stat, statfs } from 'node:fs/promises';
+import { join } from 'node:path';
 import { createInbox } from '@nats-io/transport-node';
 import type { ExecutionContext } from 'ava';
 import { decode, encode, subjects } from '../../protocol/index.ts';
@@ -210,4 +211,20 @@ test.serial("files.write is charged to the sandbox's memory cgroup, not the node
   );
   t.is(code, 'DISK_LIMIT');
   t.is((await sb.exec(['echo', 'ok'])).stdout, 'ok\n');
+});
+
+test.serial('a sandbox reading its lxcfs /proc files in a loop: lxcfs runs under a CPU quota of its own: BOUNDED', async (t) => {
+  const { pdk, cluster, home } = t.context;
+  const sb = await pdk.sandboxes.create({ cpu: 0.25 });
+  t.teardown(() => sb.kill());
+  const nodeId = cluster.nodes[0]?.id as string;
+  const pid = (await readFile(join(home, 'nodes', nodeId, 'lxcfs.pid'), 'utf8')).trim();
+  await underAttack(t, '/proc/meminfo, stat, cpuinfo read in a loop (lxcfs)', 'BOUNDED', async () => {
+    await sb.exec(['sh', '-c', 'end=$(( $(date +%s) + 6 )); while [ $(date +%s) -lt $end ]; do cat /proc/meminfo /proc/stat /proc/cpuinfo /proc/uptime /proc/loadavg > /dev/null; done'], { timeoutMs: 30_000 });
+    const cgroup = (await readFile(`/proc/${pid}/cgroup`, 'utf8')).split('\n').find((l) => /:cpu[,:]|^0::/.test(l)) ?? '';
+    const path = cgroup.slice(cgroup.lastIndexOf(':') + 1);
+    const quota = await readFile(`/sys/fs/cgroup/cpu${path}/cpu.cfs_quota_us`, 'utf8').catch(() => '-1');
+    return Number(quota) > 0 ? 'BOUNDED' : `UNBOUNDED (lxcfs in ${path})`;
+  });
+  t.is((await sb.exec(['sh', '-c', "awk '/MemTotal/ {print $2}' /proc/meminfo"])).stdout.trim(), String(256 * 1024));
 });
