@@ -34,7 +34,7 @@
  * End of file on stdin ends this process; commands still running go on. It is their subreaper
  * (see main) and reaps every process that ends under it.
  *
- * argv[0] "@charge" runs no program: see charge().
+ * argv[0] "@charge" or "@ucounts" runs no program: see charge() and ucounts().
  *
  * Arguments: "fd3" (see above), and "seal=<path>": the program at <path> (crun) is copied once
  * into a sealed memfd, and a request whose argv[0] is <path> executes that copy. crun, like runc,
@@ -171,6 +171,31 @@ static void __attribute__((noreturn)) charge(int errw, const struct run *r) {
   _exit(0);
 }
 
+/*
+ * `@ucounts <pid> <name>=<value>...`, run in place of a program: joins the user namespace of
+ * <pid> (a sandbox's init) and sets its per-namespace limits in /proc/sys/user (the kernel looks
+ * them up by the writer's user namespace; its owner may write them, the sandbox's root may not).
+ */
+static void __attribute__((noreturn)) ucounts(int errw, const struct run *r) {
+  if (!r->argv[1]) fail(errw, 125, "@ucounts: a pid");
+  char ns[64];
+  snprintf(ns, sizeof ns, "/proc/%s/ns/user", r->argv[1]);
+  int fd = open(ns, O_RDONLY | O_CLOEXEC);
+  if (fd < 0 || setns(fd, CLONE_NEWUSER) < 0) fail(errw, 125, "join %s", ns);
+  close(fd);
+  for (int i = 2; r->argv[i]; i++) {
+    const char *eq = strchr(r->argv[i], '=');
+    if (!eq || eq == r->argv[i] || strchr(r->argv[i], '/')) fail(errw, 125, "@ucounts: %s", r->argv[i]);
+    char path[128];
+    snprintf(path, sizeof path, "/proc/sys/user/%.*s", (int)(eq - r->argv[i]), r->argv[i]);
+    int s = open(path, O_WRONLY | O_CLOEXEC);
+    if (s < 0 && errno == ENOENT) continue; /* a counter this kernel does not have */
+    if (s < 0 || write(s, eq + 1, strlen(eq + 1)) < 0) fail(errw, 125, "write %s", path);
+    close(s);
+  }
+  _exit(0);
+}
+
 static void onto(int errw, int fd, int target) {
   if (dup2(fd, target) < 0) fail(errw, 125, "dup2 %d", target);
   close(fd);
@@ -190,6 +215,7 @@ static void __attribute__((noreturn)) child(const struct run *r, int errw, int c
   else redirect(errw, 2, r->err, O_WRONLY | O_CREAT | O_TRUNC);
   if (!(have_fd3 && strchr(r->flags, '3'))) close(3);
   if (strcmp(r->argv[0], "@charge") == 0) charge(errw, r);
+  if (strcmp(r->argv[0], "@ucounts") == 0) ucounts(errw, r);
   if (strchr(r->flags, 'i')) {
     struct sched_param p = {0};
     if (sched_setscheduler(0, SCHED_IDLE, &p) < 0) fail(errw, 125, "SCHED_IDLE");

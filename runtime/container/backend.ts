@@ -155,6 +155,7 @@ export class ContainerBackend implements Backend {
       this.spawn = await Spawner.build(this.opts.binDir, { fd3: this.initBinary?.fd, seal: crun, onOrphanExit: (pid, code) => this.initEnded(pid, code) });
     }
     await this.hardening.traversable(this.sandboxesDir);
+    raiseHostUcounts(this.opts.log);
     if (!this.hardening.lxcfs) await this.hardening.startLxcfs();
   }
 
@@ -203,6 +204,7 @@ export class ContainerBackend implements Backend {
       if (proc.pid === undefined) throw new ProtocolError('BACKEND_FAILED', 'crun run left no init pid');
       proc.root = this.holdRoot(id, proc.pid);
       this.byInit.set(proc.pid, id);
+      await this.limitUcounts(id, proc.pid);
       if (spec.network) await this.setNetwork(id, spec.network);
       if (quota) await this.setCpuQuota(id, quota);
     } catch (e) {
@@ -212,6 +214,18 @@ export class ContainerBackend implements Backend {
       if (e instanceof ProtocolError && !store) throw e;
       throw new ProtocolError(e instanceof ProtocolError ? e.code : 'BACKEND_FAILED', `create ${id}: ${(e as Error).message}${store ? ` (layer store: ${store})` : ''}`, { cause: e });
     }
+  }
+
+  /**
+   * The sandbox's own share of the kernel's per-user counters (SANDBOX_UCOUNTS). Its user namespace
+   * is owned by the node's root, so without a limit of its own every inotify instance or watch a
+   * sandbox takes is also charged to root on the host: one sandbox holding 128 instances made
+   * host root's inotify_init fail with EMFILE, on every node of the host. The node raises the
+   * host's own limits once (raiseHostUcounts) so that many bounded sandboxes fit under them.
+   */
+  private async limitUcounts(id: string, pid: number): Promise<void> {
+    const r = await this.spawner().run({ argv: ['@ucounts', String(pid), ...Object.entries(SANDBOX_UCOUNTS).map(([k, v]) => `${k}=${v}`)], captureStderr: true });
+    if (r.code !== 0) throw new ProtocolError('BACKEND_FAILED', `limits of sandbox ${id}'s user namespace: ${r.stderr.trim() || `exit ${r.code}`}`);
   }
 
   /**
@@ -550,6 +564,29 @@ function deferCpuQuota(config: Record<string, unknown>): CpuQuota | undefined {
   delete cpu.quota;
   if (cpu.period === DEFAULT_CFS_PERIOD_US) delete cpu.period;
   return q;
+}
+
+/** Per-sandbox limits of its user namespace (/proc/sys/user), against the host-wide pools of HOST_UCOUNTS. */
+const SANDBOX_UCOUNTS = { max_inotify_instances: 64, max_inotify_watches: 16384, max_fanotify_groups: 0, max_fanotify_marks: 0 };
+/**
+ * The host's per-user limits in its initial namespace (where every sandbox's charges also land,
+ * on root): room for 1,024 sandboxes at their limits. Inotify's kernel memory is charged to the
+ * memory cgroup of whoever allocates it, so the sandboxes pay for what they hold.
+ */
+const HOST_UCOUNTS: Record<string, number> = { '/proc/sys/fs/inotify/max_user_instances': 65536, '/proc/sys/fs/inotify/max_user_watches': 16 * 1024 * 1024 };
+
+/** Raises the host's inotify limits to HOST_UCOUNTS where lower (never lowers them); says so. */
+function raiseHostUcounts(log?: Logger): void {
+  for (const [path, want] of Object.entries(HOST_UCOUNTS)) {
+    const now = Number.parseInt(readText(path) ?? '', 10);
+    if (!(now < want)) continue;
+    try {
+      writeFileSync(path, String(want));
+      log?.info({ sysctl: path, from: now, to: want }, 'raised a host-wide per-user limit that every sandbox is also charged to');
+    } catch (err) {
+      log?.warn({ err, sysctl: path }, 'could not raise a host-wide per-user limit');
+    }
+  }
 }
 
 const ENOSPC = osConstants.errno.ENOSPC;

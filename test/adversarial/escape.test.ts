@@ -1,9 +1,14 @@
 /** Attempts to reach past the sandbox: kernel interfaces, host files, Paddock itself, later sandboxes. */
-import { readFile, statfs } from 'node:fs/promises';
+import { execFile } from 'node:child_process';
+import { readFile, rm, statfs, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { promisify } from 'node:util';
 import { nodeRunPath } from '../helpers/cluster.ts';
 import { advTest, only, probeBinary, sustained, underAttack } from './harness.ts';
 
 const test = advTest();
+const run = promisify(execFile);
 
 test.serial('mount, unshare, ptrace, module load, bpf, keyrings, raw sockets and the SWAPEXT ioctl are all refused', async (t) => {
   const sb = await t.context.pdk.sandboxes.create({ cpu: 1 });
@@ -189,4 +194,31 @@ test.serial('a sandbox whose init dies ends failed with reason crashed, at once:
   });
   const e = await sb.exec(['echo', 'ok']).catch((err: { code?: string }) => err);
   t.is((e as { code?: string }).code, 'NOT_FOUND');
+});
+
+test.serial('a sandbox holding every inotify instance it may leaves host root and another sandbox theirs: ISOLATED', async (t) => {
+  const { pdk } = t.context;
+  const a = await pdk.sandboxes.create({ cpu: 1 });
+  const b = await pdk.sandboxes.create({ cpu: 1 });
+  t.teardown(async () => {
+    await a.kill();
+    await b.kill();
+  });
+  const probe = await probeBinary();
+  for (const sb of [a, b]) await sb.files.write('/usr/local/bin/probe', probe, { mode: 0o755 });
+  const host = join(tmpdir(), `paddock-probe-host-${process.pid}`);
+  await writeFile(host, probe, { mode: 0o755 });
+  t.teardown(() => rm(host, { force: true }));
+  let seen = '';
+  await underAttack(t, 'inotify instances held by one sandbox', 'ISOLATED', async () => {
+    const holding = a.exec(['/usr/local/bin/probe', 'inotify', '100000', '4'], { timeoutMs: 30_000 });
+    await new Promise((r) => setTimeout(r, 1500));
+    const fromHost = (await run(host, ['inotify', '200', '0'])).stdout.trim();
+    const fromOther = (await b.exec(['/usr/local/bin/probe', 'inotify', '32', '0'])).stdout.trim();
+    const held = (await holding).stdout.trim();
+    seen = `${held} | host ${fromHost} | other ${fromOther}`;
+    const n = Number(held.split(' ')[1]);
+    return n <= 64 && fromHost === 'inotify 200 none' && fromOther === 'inotify 32 none' ? 'ISOLATED' : `SHARED ${seen}`;
+  });
+  t.log(seen);
 });

@@ -104,8 +104,24 @@ static int swap(const char *dir, int seconds) {
   return 0;
 }
 
+/* `probe inotify N SECONDS`: up to N inotify instances, "inotify <count> <errno of the first refusal>", held SECONDS. */
+static int inotify(int n, int seconds) {
+  int i = 0;
+  const char *why = "none";
+  for (; i < n; i++)
+    if (syscall(SYS_inotify_init1, 0) < 0) {
+      why = strerrorname_np(errno);
+      break;
+    }
+  printf("inotify %d %s\n", i, why);
+  fflush(stdout);
+  sleep(seconds);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "sockets") == 0) return sockets();
+  if (argc > 3 && strcmp(argv[1], "inotify") == 0) return inotify(atoi(argv[2]), atoi(argv[3]));
   if (argc > 3 && strcmp(argv[1], "deep") == 0) return deep(argv[2], atoi(argv[3]));
   if (argc > 3 && strcmp(argv[1], "swap") == 0) return swap(argv[2], atoi(argv[3]));
   if (argc > 2 && strcmp(argv[1], "procs") == 0) return procs(atoi(argv[2]));
