@@ -569,17 +569,26 @@ function deferCpuQuota(config: Record<string, unknown>): CpuQuota | undefined {
 /** Per-sandbox limits of its user namespace (/proc/sys/user), against the host-wide pools of HOST_UCOUNTS. */
 const SANDBOX_UCOUNTS = { max_inotify_instances: 64, max_inotify_watches: 16384, max_fanotify_groups: 0, max_fanotify_marks: 0 };
 /**
- * The host's per-user limits in its initial namespace (where every sandbox's charges also land,
- * on root): room for 1,024 sandboxes at their limits. Inotify's kernel memory is charged to the
- * memory cgroup of whoever allocates it, so the sandboxes pay for what they hold.
+ * Host-wide per-user limits that every sandbox is charged to: inotify's are root's in the initial
+ * namespace (where each sandbox's charges also land); epoll watches and pipe pages count per host
+ * uid, and all sandboxes' roots are one uid (SANDBOX_IDS), so one sandbox holding them made
+ * another's epoll_ctl fail and its pipes shrink to 8 KiB (F_SETPIPE_SZ EPERM). The kernel memory
+ * behind all of them is charged to the memory cgroup of whoever allocates it: each sandbox's
+ * memoryMiB is its bound, and these pools are raised (room for 1,024 sandboxes at their inotify
+ * limits; pipe-user-pages-soft 0 is "no soft limit").
  */
-const HOST_UCOUNTS: Record<string, number> = { '/proc/sys/fs/inotify/max_user_instances': 65536, '/proc/sys/fs/inotify/max_user_watches': 16 * 1024 * 1024 };
+const HOST_UCOUNTS: Record<string, number> = {
+  '/proc/sys/fs/inotify/max_user_instances': 65536,
+  '/proc/sys/fs/inotify/max_user_watches': 16 * 1024 * 1024,
+  '/proc/sys/fs/epoll/max_user_watches': 2 ** 30,
+  '/proc/sys/fs/pipe-user-pages-soft': 0,
+};
 
-/** Raises the host's inotify limits to HOST_UCOUNTS where lower (never lowers them); says so. */
+/** Raises the host's limits to HOST_UCOUNTS where lower (never lowers them; 0 wanted = unlimited); says so. */
 function raiseHostUcounts(log?: Logger): void {
   for (const [path, want] of Object.entries(HOST_UCOUNTS)) {
     const now = Number.parseInt(readText(path) ?? '', 10);
-    if (!(now < want)) continue;
+    if (Number.isNaN(now) || now === want || (want !== 0 && now > want)) continue;
     try {
       writeFileSync(path, String(want));
       log?.info({ sysctl: path, from: now, to: want }, 'raised a host-wide per-user limit that every sandbox is also charged to');

@@ -222,3 +222,26 @@ test.serial('a sandbox holding every inotify instance it may leaves host root an
   });
   t.log(seen);
 });
+
+test.serial("a sandbox holding 1 MiB pipes leaves another sandbox its pipes (no F_SETPIPE_SZ EPERM): ISOLATED", async (t) => {
+  const { pdk } = t.context;
+  const a = await pdk.sandboxes.create({ cpu: 1, memoryMiB: 512 });
+  const b = await pdk.sandboxes.create({ cpu: 1 });
+  t.teardown(async () => {
+    await a.kill();
+    await b.kill();
+  });
+  const probe = await probeBinary();
+  for (const sb of [a, b]) await sb.files.write('/usr/local/bin/probe', probe, { mode: 0o755 });
+  let seen = '';
+  await underAttack(t, 'pipe buffers held by one sandbox', 'ISOLATED', async () => {
+    // 400 pipes of 1 MiB: 100,000 pages promised, past the host's per-user soft limit of 16,384.
+    const holding = a.exec(['/usr/local/bin/probe', 'pipes', '400', '4'], { timeoutMs: 30_000 });
+    await new Promise((r) => setTimeout(r, 1500));
+    const fromOther = (await b.exec(['/usr/local/bin/probe', 'pipes', '32', '0'])).stdout.trim();
+    const held = (await holding).stdout.trim();
+    seen = `${held} | other ${fromOther}`;
+    return fromOther === 'pipes 32 none' ? 'ISOLATED' : `SHARED ${seen}`;
+  });
+  t.log(seen);
+});

@@ -119,8 +119,26 @@ static int inotify(int n, int seconds) {
   return 0;
 }
 
+/* `probe pipes N SECONDS`: up to N pipes of 1 MiB each (F_SETPIPE_SZ), "pipes <count> <errno of the first refusal>", held SECONDS. */
+static int pipes(int n, int seconds) {
+  int i = 0;
+  const char *why = "none";
+  for (; i < n; i++) {
+    int p[2];
+    if (pipe(p) < 0 || fcntl(p[0], F_SETPIPE_SZ, 1 << 20) < 0) {
+      why = strerrorname_np(errno);
+      break;
+    }
+  }
+  printf("pipes %d %s\n", i, why);
+  fflush(stdout);
+  sleep(seconds);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "sockets") == 0) return sockets();
+  if (argc > 3 && strcmp(argv[1], "pipes") == 0) return pipes(atoi(argv[2]), atoi(argv[3]));
   if (argc > 3 && strcmp(argv[1], "inotify") == 0) return inotify(atoi(argv[2]), atoi(argv[3]));
   if (argc > 3 && strcmp(argv[1], "deep") == 0) return deep(argv[2], atoi(argv[3]));
   if (argc > 3 && strcmp(argv[1], "swap") == 0) return swap(argv[2], atoi(argv[3]));
