@@ -249,7 +249,14 @@ test('a sandbox whose init dies (an OOM kill, say): the files API still reaches 
   const seen = await sb.files.readText('/etc/hostname').catch((e: { code?: string }) => e.code ?? 'ERROR');
   t.not(seen, await readFile('/etc/hostname', 'utf8'));
   t.true(seen === 'still-mine\n' || /^[A-Z_]+$/.test(seen), seen);
-  t.is((await sb.kill()).state, 'stopped');
+  // And the sandbox is over: failed, reason crashed, without anyone killing it.
+  let info = await sb.refresh();
+  for (let i = 0; i < 100 && info.state !== 'failed'; i++) {
+    await new Promise((r) => setTimeout(r, 50));
+    info = await sb.refresh();
+  }
+  t.is(info.state, 'failed');
+  t.is(info.reason, 'crashed');
 });
 
 test('pid 1 of a sandbox reaps orphans at once and is the only idle process', async (t) => {
