@@ -2,6 +2,7 @@
  * The OCI runtime config of a container sandbox: pure data from the spec and the image, so it can
  * be read and tested without running anything.
  */
+import { readFileSync } from 'node:fs';
 import type { SandboxSpec } from '../../protocol/index.ts';
 import type { CgroupMode } from '../cgroups.ts';
 import type { ImageManifest } from '../images/store.ts';
@@ -71,6 +72,28 @@ export const MASKED_PATHS = [
  */
 export const READONLY_PATHS = ['/proc/bus', '/proc/fs', '/proc/irq', '/proc/sys', '/proc/sysrq-trigger', '/proc/1/oom_score_adj', '/proc/1/oom_adj', '/proc/1/task/1/oom_score_adj', '/proc/1/task/1/oom_adj'];
 
+/**
+ * Pending signals (RT signals queued) and POSIX message-queue bytes are counted per user, and a
+ * sandbox's counts are also charged to the node's root on the host (the owner of its user
+ * namespace): a sandbox holding them made host root's sigqueue fail with EAGAIN and its mq_open
+ * with ENOMEM. A small limit per sandbox bounds what its root can take (each further uid inside
+ * has its own; they need per-sandbox id ranges to be bounded together).
+ */
+const SHARED_COUNTER_RLIMITS = [
+  { type: 'RLIMIT_SIGPENDING', ...capped(1024, 'Max pending signals') },
+  { type: 'RLIMIT_MSGQUEUE', ...capped(64 * 1024, 'Max msgqueue size') },
+];
+
+/** `want`, or the node's own hard limit of that name when lower (a hard limit can only be lowered). */
+function capped(want: number, name: string): { hard: number; soft: number } {
+  const line = readFileSync('/proc/self/limits', 'utf8')
+    .split('\n')
+    .find((l) => l.startsWith(name));
+  const hard = Number(line?.slice(name.length).trim().split(/\s+/)[1]);
+  const v = Number.isFinite(hard) ? Math.min(want, hard) : want;
+  return { hard: v, soft: v };
+}
+
 /** Environment of every process: image defaults, overridden by the spec. */
 export function baseEnv(image: ImageManifest, spec: SandboxSpec): string[] {
   const env = new Map<string, string>();
@@ -99,7 +122,7 @@ export function ociConfig({ spec, image, rootfs, cgroupsPath, cgroupMode, ids = 
       cwd: spec.cwd ?? image.cwd,
       capabilities: { bounding: CAPS, effective: CAPS, permitted: CAPS },
       // The hard limit here must stay under the node's own: root may lack CAP_SYS_RESOURCE.
-      rlimits: [{ type: 'RLIMIT_NOFILE', hard: 1024, soft: 1024 }],
+      rlimits: [{ type: 'RLIMIT_NOFILE', hard: 1024, soft: 1024 }, ...SHARED_COUNTER_RLIMITS],
       noNewPrivileges: true,
     },
     root: { path: rootfs, readonly: false },

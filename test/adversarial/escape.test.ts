@@ -245,3 +245,23 @@ test.serial("a sandbox holding 1 MiB pipes leaves another sandbox its pipes (no 
   });
   t.log(seen);
 });
+
+test.serial('a sandbox queueing every RT signal it may leaves host root its own: ISOLATED', async (t) => {
+  const sb = await t.context.pdk.sandboxes.create({ cpu: 1 });
+  t.teardown(() => sb.kill());
+  const probe = await probeBinary();
+  await sb.files.write('/usr/local/bin/probe', probe, { mode: 0o755 });
+  const host = join(tmpdir(), `paddock-probe-host-${process.pid}`);
+  await writeFile(host, probe, { mode: 0o755 });
+  t.teardown(() => rm(host, { force: true }));
+  let seen = '';
+  await underAttack(t, 'RT signals queued by one sandbox', 'ISOLATED', async () => {
+    const holding = sb.exec(['/usr/local/bin/probe', 'sigqueue', '1000000', '4'], { timeoutMs: 30_000 });
+    await new Promise((r) => setTimeout(r, 1500));
+    const fromHost = (await run(host, ['sigqueue', '2000', '0'])).stdout.trim();
+    const held = (await holding).stdout.trim();
+    seen = `${held} | host ${fromHost}`;
+    return Number(held.split(' ')[1]) <= 1024 && fromHost === 'sigqueue 2000 none' ? 'ISOLATED' : `SHARED ${seen}`;
+  });
+  t.log(seen);
+});

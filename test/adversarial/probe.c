@@ -136,8 +136,28 @@ static int pipes(int n, int seconds) {
   return 0;
 }
 
+/* `probe sigqueue N SECONDS`: up to N RT signals queued to itself (blocked), "sigqueue <count> <errno>", held SECONDS. */
+static int queue_signals(int n, int seconds) {
+  sigset_t rt;
+  sigemptyset(&rt);
+  sigaddset(&rt, SIGRTMIN);
+  sigprocmask(SIG_BLOCK, &rt, NULL);
+  int i = 0;
+  const char *why = "none";
+  for (; i < n; i++)
+    if (sigqueue(getpid(), SIGRTMIN, (union sigval){.sival_int = i}) < 0) {
+      why = strerrorname_np(errno);
+      break;
+    }
+  printf("sigqueue %d %s\n", i, why);
+  fflush(stdout);
+  sleep(seconds);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "sockets") == 0) return sockets();
+  if (argc > 3 && strcmp(argv[1], "sigqueue") == 0) return queue_signals(atoi(argv[2]), atoi(argv[3]));
   if (argc > 3 && strcmp(argv[1], "pipes") == 0) return pipes(atoi(argv[2]), atoi(argv[3]));
   if (argc > 3 && strcmp(argv[1], "inotify") == 0) return inotify(atoi(argv[2]), atoi(argv[3]));
   if (argc > 3 && strcmp(argv[1], "deep") == 0) return deep(argv[2], atoi(argv[3]));
