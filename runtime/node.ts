@@ -17,20 +17,18 @@ import {
   Buckets,
   type CreateReply,
   type GroupVerb,
-  GroupVerbs,
   decode,
   encode,
-  isToken,
   Limits,
   newSandboxId,
   type NodeRecord,
   ProtocolError,
   type Resources,
-  requireRecord,
   type SandboxInfo,
   subjects,
   toWireError,
-  validateSpec,
+  validateCreate,
+  validateNodeGroup,
 } from '../protocol/index.ts';
 import type { Backend } from './backend.ts';
 import type { NodeConfig } from './config.ts';
@@ -165,12 +163,11 @@ export class PaddockNode {
   }
 
   private async create(body: unknown): Promise<CreateReply> {
-    const b = requireRecord(body, 'create');
-    const spec = validateSpec(b.spec ?? {});
+    const b = validateCreate(body);
+    const spec = b.spec;
     const backend = this.backendFor(spec.backend);
     const image = await this.images.forSpec(spec);
-    if (b.id !== undefined && !isToken(b.id)) throw new ProtocolError('INVALID_REQUEST', 'id: must be 1-64 characters of [A-Za-z0-9_-]');
-    const id = (b.id as string | undefined) ?? newSandboxId();
+    const id = b.id ?? newSandboxId();
     if (this.sandboxes.has(id)) throw new ProtocolError('INVALID_REQUEST', `sandbox ${id} already exists`);
 
     const need: Resources = { cpu: spec.cpu, memoryMiB: spec.memoryMiB, sandboxes: 1 };
@@ -213,12 +210,8 @@ export class PaddockNode {
 
   /** Applies a group verb to this node's sandboxes of `group`, many at once; a summary per sandbox. */
   private async group(body: unknown): Promise<NodeGroupReply> {
-    const b = requireRecord(body, 'group');
-    if (!isToken(b.group)) throw new ProtocolError('INVALID_REQUEST', 'group: must be 1-64 characters of [A-Za-z0-9_-]');
-    if (typeof b.verb !== 'string' || !(GroupVerbs as readonly string[]).includes(b.verb)) {
-      throw new ProtocolError('UNKNOWN_VERB', `unknown group verb ${JSON.stringify(b.verb)}; known: ${GroupVerbs.join(', ')}`);
-    }
-    const verb = b.verb as GroupVerb;
+    const b = validateNodeGroup(body);
+    const verb = b.verb;
     const members = [...this.sandboxes.values()].filter((h) => h.spec.group === b.group);
     const failed: NodeGroupReply['failed'] = [];
     let ok = 0;

@@ -1,6 +1,6 @@
 import { connect, type NatsConnection } from '@nats-io/transport-node';
 import { decode, encode, type Reply, subjects, validateSpec } from '../protocol/index.ts';
-import { InvalidSpecError } from '../sdk/index.ts';
+import { InvalidSpecError, Paddock } from '../sdk/index.ts';
 import { clusterTest } from './helpers/cluster.ts';
 
 const test = clusterTest();
@@ -47,7 +47,7 @@ test.serial('bad specs are refused with INVALID_SPEC and nothing is created', as
   }
   // A backend Paddock knows but no node runs yet is refused by placement, not by a crash.
   await t.throwsAsync(pdk.sandboxes.create({ backend: 'microvm' }), { instanceOf: InvalidSpecError });
-  const nc = pdk.nc;
+  const nc = Paddock.connectionOf(pdk);
   await assertNoSandboxes(t, nc, cluster.nodes[0]!.id);
 });
 
