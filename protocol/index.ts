@@ -68,3 +68,5 @@ export { positiveEnv } from './env.ts';
 export { check, isMap, Limits, optionalCount, requireRecord, SandboxRequests, validateCreate, validateExec, validateFnInvoke, validateNodeGroup, validatePath, validateSandboxRequest, validateSpec, validateStep } from './validate.ts';
 export type { FnInvoke } from './validate.ts';
 export { newRolloutId, newSandboxId } from './ids.ts';
+export { Operations, protocolJsonSchema, protocolTable } from './api.ts';
+export type { Operation } from './api.ts';

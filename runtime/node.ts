@@ -17,7 +17,6 @@ import {
   Buckets,
   type CreateReply,
   type GroupVerb,
-  decode,
   encode,
   Limits,
   newSandboxId,
@@ -25,6 +24,7 @@ import {
   ProtocolError,
   type Resources,
   type SandboxInfo,
+  scanKv,
   subjects,
   toWireError,
   validateCreate,
@@ -119,10 +119,7 @@ export class PaddockNode {
   /** Directory records this node left running when it died: they did not survive, say so. */
   private async markOrphans(): Promise<void> {
     const now = Date.now();
-    for await (const key of await this.directory.keys()) {
-      const e = await this.directory.get(key);
-      if (e?.operation !== 'PUT') continue;
-      const info = decode(e.value) as SandboxInfo;
+    for (const { key, value: info } of await scanKv<SandboxInfo>(this.directory)) {
       if (info.node !== this.id || info.state === 'stopped' || info.state === 'failed') continue;
       const ended: SandboxInfo = { ...info, state: 'failed', reason: 'node_restarted', endedAt: now, error: { code: 'BACKEND_FAILED', message: `node ${this.id} restarted; the sandbox was lost`, retryable: false } };
       await this.directory.put(key, encode(ended));
