@@ -7,6 +7,7 @@
 import { type JetStreamManager, jetstreamManager } from '@nats-io/jetstream';
 import { type KV, Kvm } from '@nats-io/kv';
 import type { NatsConnection } from '@nats-io/transport-node';
+import { Type } from '@sinclair/typebox';
 import type { Logger } from 'pino';
 import { stepLine } from '../chronus/export.ts';
 import { purgeRollout, readRollout, recordedSteps } from '../chronus/log.ts';
@@ -16,6 +17,7 @@ import {
   check,
   decode,
   encode,
+  isMap,
   newRolloutId,
   PLACEMENT_QUEUE,
   ProtocolError,
@@ -33,6 +35,9 @@ import { decodeRolloutRecord, type ResultRecord, type StartedRecord, type StepRe
 import { traceHeaders } from '../protocol/trace.ts';
 import { serve } from './bind.ts';
 import type { DirectoryHost } from './directory-host.ts';
+
+/** RolloutsStartRequest with its sandbox spec left to placement, which answers INVALID_SPEC for a bad one. */
+const StartEnvelope = Type.Object({ ...Schema.RolloutsStartRequest.properties, sandbox: Type.Optional(Type.Record(Type.String(), Type.Unknown(), { errorMessage: 'must be a map (a sandbox spec)' })) });
 
 /** A create waits for placement and the node, which wait up to 120 s for a slow image. */
 const CREATE_TIMEOUT_MS = 130_000;
@@ -96,10 +101,12 @@ export class RolloutHost {
 
   /** Creates a sandbox (through placement) and the rollout's record. ALREADY_EXISTS if the id is taken. */
   private async startRollout(body: unknown): Promise<RolloutView<StepRecord>> {
-    const q = check(Schema.RolloutsStartRequest, body, 'INVALID_REQUEST', 'rollouts.start');
+    const q = check(StartEnvelope, body, 'INVALID_REQUEST', 'rollouts.start');
     const rolloutId = q.rolloutId ?? newRolloutId();
     if (await this.record(rolloutId)) throw taken(rolloutId);
-    const spec = { ...q.sandbox, labels: { ...q.sandbox?.labels, 'paddock.rollout': rolloutId } };
+    const labels = q.sandbox?.labels ?? {};
+    // Labels that are not a map go to placement as they are, which refuses them (INVALID_SPEC).
+    const spec = { ...q.sandbox, labels: isMap(labels) ? { ...labels, 'paddock.rollout': rolloutId } : labels };
     const m = await this.nc.request(subjects.placeCreate, encode({ spec }), { timeout: CREATE_TIMEOUT_MS, headers: traceHeaders() });
     const r = decode(m.data) as Reply<CreateReply>;
     if (!r.ok) throw new ProtocolError(r.error.code, r.error.message, { detail: r.error.detail });
