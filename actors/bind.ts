@@ -6,7 +6,7 @@
 import type { Msg, NatsConnection, Subscription } from '@nats-io/transport-node';
 import { SpanKind, SpanStatusCode, trace } from '@opentelemetry/api';
 import type { Logger } from 'pino';
-import { decode, encode, Limits, ProtocolError, toWireError } from '../protocol/index.ts';
+import { decodeRequest, encode, Limits, ProtocolError, toWireError } from '../protocol/index.ts';
 import { traceContext } from '../protocol/trace.ts';
 
 export const tracer = trace.getTracer('paddock');
@@ -46,7 +46,7 @@ export async function handle(msg: Msg, handler: Handler, opts: ServeOptions): Pr
     try {
       const max = opts.maxBytes ?? Limits.requestBytesMax;
       if (msg.data.length > max) throw new ProtocolError('PAYLOAD_TOO_LARGE', `request of ${msg.data.length} bytes exceeds ${max}`);
-      const result = await handler({ subject: msg.subject, body: decode(msg.data), msg });
+      const result = await handler({ subject: msg.subject, body: decodeRequest(msg.data), msg });
       if (result !== STREAMED && msg.reply) msg.respond(encodeOk(result ?? null));
     } catch (err) {
       const wire = toWireError(err);

@@ -9,25 +9,26 @@ import type { Logger } from 'pino';
 import { type Actor, createActor } from 'xstate';
 import {
   type CreateReply,
-  type GroupReply,
-  type GroupVerb,
-  GroupVerbs,
   decode,
   encode,
-  isToken,
+  type GroupReply,
   Limits,
   newSandboxId,
   type NodeRecord,
   PLACEMENT_QUEUE,
   ProtocolError,
+  parseGroupSubject,
   type Reply,
-  requireRecord,
+  scanKv,
   subjects,
-  validateSpec,
+  validateCreate,
+  validateNodeGroup,
 } from '../protocol/index.ts';
 import { traceHeaders } from '../protocol/trace.ts';
 import { serve } from './bind.ts';
+import { DirectoryHost } from './directory-host.ts';
 import { isLive, placementMachine, rank } from './placement.ts';
+import { RolloutHost } from './rollout-host.ts';
 
 /** How many nodes one create tries before giving up with NO_CAPACITY. */
 const MAX_TRIES = 3;
@@ -39,12 +40,18 @@ export class PlacementHost {
   private readonly actor: Actor<typeof placementMachine> = createActor(placementMachine);
   private readonly subs: Subscription[] = [];
   private stopWatch?: () => void;
+  /** Placement replicas also answer the directory and command-log calls: both are stateless reads of JetStream. */
+  private readonly directory: DirectoryHost;
+  private readonly rollouts: RolloutHost;
 
   constructor(
     private readonly nc: NatsConnection,
     private readonly nodes: KV,
     private readonly log: Logger,
-  ) {}
+  ) {
+    this.directory = new DirectoryHost(nc, log);
+    this.rollouts = new RolloutHost(nc, this.directory, log);
+  }
 
   async start(): Promise<void> {
     this.actor.start();
@@ -64,21 +71,17 @@ export class PlacementHost {
     })();
     this.subs.push(serve(this.nc, subjects.placeCreate, { queue: PLACEMENT_QUEUE, log: this.log, name: 'place.create', maxBytes: Limits.createBytesMax }, (req) => this.create(req.body)));
     this.subs.push(serve(this.nc, subjects.groupAll, { queue: PLACEMENT_QUEUE, log: this.log, name: 'group' }, (req) => this.group(req.subject)));
+    this.directory.start();
+    this.rollouts.start();
   }
 
   /** Reads the whole node table: at start, and when a create finds no live node (the watch may lag). */
   private async reload(): Promise<void> {
-    for await (const key of await this.nodes.keys()) {
-      const e = await this.nodes.get(key);
-      if (e && e.operation === 'PUT') this.actor.send({ type: 'NODE_SEEN', record: decode(e.value) as NodeRecord });
-    }
+    for (const { value } of await scanKv<NodeRecord>(this.nodes)) this.actor.send({ type: 'NODE_SEEN', record: value });
   }
 
   private async create(body: unknown): Promise<CreateReply> {
-    const b = requireRecord(body, 'create');
-    const spec = validateSpec(b.spec ?? {});
-    if (b.id !== undefined && !isToken(b.id)) throw new ProtocolError('INVALID_REQUEST', 'id: must be 1-64 characters of [A-Za-z0-9_-]');
-    const id = (b.id as string | undefined) ?? newSandboxId();
+    const { spec, id = newSandboxId() } = validateCreate(body);
     let ranking = rank(this.actor.getSnapshot().context, spec, Date.now());
     if (ranking.nodes.length === 0) {
       await this.reload();
@@ -117,16 +120,12 @@ export class PlacementHost {
 
   /** `pdk.v1.group.<g>.<verb>`: the verb on every live node at once, one summary back. */
   private async group(subject: string): Promise<GroupReply> {
-    const [group, verb] = subject.split('.').slice(3);
-    if (!isToken(group)) throw new ProtocolError('INVALID_REQUEST', `bad group in ${subject}`);
-    if (!verb || !(GroupVerbs as readonly string[]).includes(verb)) {
-      throw new ProtocolError('UNKNOWN_VERB', `unknown group verb '${verb}'; known: ${GroupVerbs.join(', ')}`);
-    }
+    const { group, verb } = validateNodeGroup(parseGroupSubject(subject) ?? {});
     const started = performance.now();
     await this.reload();
     const now = Date.now();
     const nodes = Object.values(this.actor.getSnapshot().context.nodes).filter((r) => isLive(r, now) || r.state === 'draining');
-    const reply: GroupReply = { group, verb: verb as GroupVerb, total: 0, ok: 0, failed: [], unreachable: [], durationMs: 0 };
+    const reply: GroupReply = { group, verb, total: 0, ok: 0, failed: [], unreachable: [], durationMs: 0 };
     await Promise.all(
       nodes.map(async (n) => {
         try {
@@ -148,6 +147,8 @@ export class PlacementHost {
 
   stop(): void {
     for (const s of this.subs) s.unsubscribe();
+    this.directory.stop();
+    this.rollouts.stop();
     this.stopWatch?.();
     this.actor.stop();
   }

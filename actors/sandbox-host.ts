@@ -15,17 +15,15 @@ import {
   type ExecVerdict,
   encode,
   isSandboxVerb,
-  optionalCount,
   ProtocolError,
-  requireRecord,
+  parseSandboxSubject,
   type SandboxInfo,
   type SandboxSpec,
   type SandboxState,
   type SandboxVerb,
   subjects,
   validateExec,
-  validateNetworkPolicy,
-  validatePath,
+  validateSandboxRequest,
   validateStep,
 } from '../protocol/index.ts';
 import type { StepJournal } from '../chronus/journal.ts';
@@ -286,8 +284,7 @@ export class SandboxHost {
   }
 
   private async handle(req: Request): Promise<unknown> {
-    const prefix = `pdk.v1.sb.${this.id}.`;
-    const verb = req.subject.slice(prefix.length);
+    const verb = parseSandboxSubject(req.subject)?.verb ?? '';
     if (!isSandboxVerb(verb)) throw new ProtocolError('UNKNOWN_VERB', `unknown sandbox verb '${verb}'`);
     if (NEEDS_RUNNING.has(verb) && isAsleep(this.state)) await this.awake(verb);
     if (!allows(this.state, verb)) {
@@ -304,9 +301,9 @@ export class SandboxHost {
       case 'kill':
         return this.kill();
       case 'pause':
-        return this.lifecycle({ type: 'PAUSE', why: whyOf(req.body) });
+        return this.lifecycle({ type: 'PAUSE', why: validateSandboxRequest('pause', req.body).why });
       case 'hibernate':
-        return this.lifecycle({ type: 'HIBERNATE', why: whyOf(req.body) });
+        return this.lifecycle({ type: 'HIBERNATE', why: validateSandboxRequest('hibernate', req.body).why });
       case 'resume':
         return this.lifecycle({ type: 'RESUME' });
       case 'restore':
@@ -314,35 +311,32 @@ export class SandboxHost {
       case 'exec':
         return this.exec(req);
       case 'exec.cancel': {
-        const body = requireRecord(req.body, 'exec.cancel');
-        const ctl = typeof body.execId === 'string' ? this.execs.get(body.execId) : undefined;
+        const ctl = this.execs.get(validateSandboxRequest('exec.cancel', req.body).execId);
         ctl?.abort();
         return { cancelled: ctl !== undefined };
       }
       case 'files.read': {
-        const b = requireRecord(req.body, 'files.read');
-        return this.deps.backend.files(this.id).read(validatePath(b.path), optionalCount(b.offset, 'offset'), optionalCount(b.length, 'length'));
+        const b = validateSandboxRequest('files.read', req.body);
+        return this.deps.backend.files(this.id).read(b.path, b.offset, b.length);
       }
       case 'files.write': {
-        const b = requireRecord(req.body, 'files.write');
-        if (!(b.data instanceof Uint8Array)) throw new ProtocolError('INVALID_REQUEST', 'data: must be bytes');
-        const w = { path: validatePath(b.path), data: b.data, offset: optionalCount(b.offset, 'offset'), mode: optionalCount(b.mode, 'mode', 0o7777) };
+        const b = validateSandboxRequest('files.write', req.body);
+        const w = { path: b.path, data: b.data, offset: b.offset, mode: b.mode };
         const write = () => this.deps.backend.files(this.id).write(w.path, w.data, { offset: w.offset, mode: w.mode });
         const step = validateStep(b);
         return step ? this.journal().write({ ...step, sandbox: this.id }, w, write) : write();
       }
       case 'files.list': {
-        const b = requireRecord(req.body, 'files.list');
-        return { entries: await this.deps.backend.files(this.id).list(validatePath(b.path)) };
+        const b = validateSandboxRequest('files.list', req.body);
+        return { entries: await this.deps.backend.files(this.id).list(b.path) };
       }
       case 'files.remove': {
-        const b = requireRecord(req.body, 'files.remove');
-        await this.deps.backend.files(this.id).remove(validatePath(b.path), b.recursive === true);
+        const b = validateSandboxRequest('files.remove', req.body);
+        await this.deps.backend.files(this.id).remove(b.path, b.recursive === true);
         return {};
       }
       case 'network.set': {
-        const b = requireRecord(req.body, 'network.set');
-        const policy = validateNetworkPolicy(b.policy ?? {}, 'INVALID_REQUEST', 'policy');
+        const policy = validateSandboxRequest('network.set', req.body).policy ?? {};
         if (!this.deps.backend.setNetwork) throw new ProtocolError('INVALID_REQUEST', `backend ${this.spec.backend} has no network policies`);
         await this.deps.backend.setNetwork(this.id, policy);
         return { policy };
@@ -408,11 +402,6 @@ export class SandboxHost {
 const NEEDS_RUNNING: ReadonlySet<SandboxVerb> = new Set(['exec', 'files.read', 'files.write', 'files.list', 'files.remove']);
 /** States a lifecycle step ends in (the transient ones are on the way). */
 const SETTLED: readonly SandboxState[] = ['running', 'paused', 'hibernated', 'stopped', 'failed'];
-
-function whyOf(body: unknown): string | undefined {
-  const why = (body as { why?: unknown } | null)?.why;
-  return typeof why === 'string' && /^[a-z_-]{1,32}$/.test(why) ? why : undefined;
-}
 
 /** The backend's verdict, or the one the outcome's flags imply for a backend that gives none. */
 function verdictOf(o: ExecOutcome): ExecVerdict {

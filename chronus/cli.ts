@@ -1,11 +1,6 @@
 /** The `paddock chronus …` subcommands (wired into ops/cli.ts). */
 import { createWriteStream } from 'node:fs';
 import type { Writable } from 'node:stream';
-import { Kvm } from '@nats-io/kv';
-import type { NatsConnection } from '@nats-io/transport-node';
-import { Buckets, isToken } from '../protocol/index.ts';
-import { InvalidRequestError, NotFoundError } from '../sdk/errors.ts';
-import { exportRollout } from './export.ts';
 
 function writeLine(w: Writable, line: string): Promise<void> | undefined {
   if (w.write(`${line}\n`)) return undefined;
@@ -16,25 +11,22 @@ function writeLine(w: Writable, line: string): Promise<void> | undefined {
 }
 
 /**
- * `chronus export <rolloutId> [file|-]`: the rollout's trajectory as JSONL, to `dest` (default
- * stdout). NOT_FOUND when there is neither a rollout by that id nor a record of one.
+ * `chronus export <rolloutId> [file|-]`: the rollout's trajectory as JSONL (`lines`, from
+ * `pdk.rollouts.export`, which is NOT_FOUND for an unknown rollout), to `dest` (default stdout).
  */
-export async function exportCommand(nc: NatsConnection, rolloutId: string, dest?: string): Promise<number> {
-  if (!isToken(rolloutId)) throw new InvalidRequestError('INVALID_REQUEST', `rolloutId: must be 1-64 characters of [A-Za-z0-9_-], got ${JSON.stringify(rolloutId)}`);
+export async function exportCommand(lines: AsyncIterable<string>, dest?: string): Promise<number> {
   const toStdout = dest === undefined || dest === '-';
   const w: Writable = toStdout ? process.stdout : createWriteStream(dest, { flags: 'w' });
   const opened = toStdout ? Promise.resolve() : new Promise((resolve, reject) => w.once('open', resolve).once('error', reject));
   await opened;
-  let n: number;
+  let n = 0;
   try {
-    n = await exportRollout(nc, rolloutId, (line) => writeLine(w, line));
+    for await (const line of lines) {
+      await writeLine(w, line);
+      n++;
+    }
   } finally {
     if (!toStdout) await new Promise<void>((resolve, reject) => w.end((e?: Error | null) => (e ? reject(e) : resolve())));
-  }
-  if (n === 0) {
-    const kv = await new Kvm(nc).open(Buckets.rollouts).catch(() => null);
-    const e = await kv?.get(rolloutId);
-    if (e?.operation !== 'PUT') throw new NotFoundError('NOT_FOUND', `rollout ${rolloutId} does not exist (no rollout and no recorded step)`);
   }
   return n;
 }

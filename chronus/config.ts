@@ -2,6 +2,8 @@
  * Command-log settings of a node, from the environment. Kept here rather than in runtime/config.ts
  * so that chronus is one folder; the node reads them when it opens its journal.
  */
+import { positiveEnv } from '../protocol/env.ts';
+import { Limits } from '../protocol/limits.ts';
 
 export interface ChronusConfig {
   /** Hard cap on the age of any record (the stream's max_age); per-rollout retention sits below it. */
@@ -13,7 +15,7 @@ export interface ChronusConfig {
 }
 
 /** How long a rollout's log is kept after its last record, unless the rollout says otherwise. */
-export const DEFAULT_RETENTION_SEC = 7 * 24 * 3600;
+export const DEFAULT_RETENTION_SEC = Limits.rollout.retentionSec.default;
 
 export const CHRONUS_ENV_DOC: Record<string, string> = {
   PADDOCK_CHRONUS_MAX_AGE_SEC: 'command log: no record is kept longer than this (default 2592000, 30 days)',
@@ -21,18 +23,11 @@ export const CHRONUS_ENV_DOC: Record<string, string> = {
   PADDOCK_CHRONUS_SWEEP_MS: 'command log: how often a node deletes rollouts past their retention (default 60000)',
 };
 
-function positive(env: NodeJS.ProcessEnv, name: string, dflt: number): number {
-  const v = env[name];
-  if (v === undefined || v === '') return dflt;
-  const n = Number(v);
-  if (!Number.isFinite(n) || n <= 0) throw new Error(`${name}=${v}: must be a positive number`);
-  return n;
-}
 
 export function loadChronusConfig(env: NodeJS.ProcessEnv = process.env): ChronusConfig {
   return {
-    maxAgeSec: positive(env, 'PADDOCK_CHRONUS_MAX_AGE_SEC', 30 * 24 * 3600),
-    replicas: Math.round(positive(env, 'PADDOCK_CHRONUS_REPLICAS', 1)),
-    sweepMs: positive(env, 'PADDOCK_CHRONUS_SWEEP_MS', 60_000),
+    maxAgeSec: positiveEnv(env, 'PADDOCK_CHRONUS_MAX_AGE_SEC', 30 * 24 * 3600),
+    replicas: Math.round(positiveEnv(env, 'PADDOCK_CHRONUS_REPLICAS', 1)),
+    sweepMs: positiveEnv(env, 'PADDOCK_CHRONUS_SWEEP_MS', 60_000),
   };
 }

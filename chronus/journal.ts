@@ -17,10 +17,11 @@ import { JetStreamApiCodes, JetStreamApiError, type JetStreamClient, type JetStr
 import type { KV } from '@nats-io/kv';
 import type { NatsConnection } from '@nats-io/transport-node';
 import type { Logger } from 'pino';
-import { type ExecResult, type FilesWriteReply, isErrorCode, Limits, ProtocolError, subjects, toWireError } from '../protocol/index.ts';
+import { type ExecResult, type FilesWriteReply, Limits, ProtocolError, subjects, toWireError } from '../protocol/index.ts';
 import type { ChronusConfig } from './config.ts';
 import { ensureChronus, lastRecord, purgeRollout, recordedSteps, type StoredRecord } from './log.ts';
 import {
+  assertSameRequest,
   type DigestInput,
   decodeRolloutRecord,
   describeExec,
@@ -28,12 +29,13 @@ import {
   type ExecStepRequest,
   encodeRecord,
   type Outcome,
+  recordedOutcome,
+  replayMismatch,
   RECORD_VERSION,
   type ResultRecord,
   requestDigest,
   type StartedRecord,
   type StepOp,
-  sameRequest,
 } from './record.ts';
 
 /** Which step of which rollout, run in which sandbox. */
@@ -175,7 +177,7 @@ export class Journal implements StepJournal {
   private refuseIfBusy(key: StepKey, claim: Claim): void {
     const mine = this.inflight.get(`${key.rolloutId}.${key.step}`);
     if (!mine) return;
-    if (mine.op !== claim.op || mine.digest !== claim.digest) throw mismatch(key, mine.what, claim.what);
+    if (mine.op !== claim.op || mine.digest !== claim.digest) throw replayMismatch(key, mine.what, claim.what);
     throw conflict(key, { deadline: mine.deadline, node: this.o.nodeId });
   }
 
@@ -340,9 +342,9 @@ export class Journal implements StepJournal {
   private async settle(key: StepKey, found: StoredRecord, claim: Claim, input: DigestInput, again = false): Promise<object> {
     const rec = found.record;
     if (rec.kind === 'started' && this.abandoned.has(rec.claim)) throw new Retake(found.seq);
-    if (!sameRequest(rec, claim.op, input)) throw mismatch(key, rec.what, claim.what);
+    assertSameRequest(rec, claim.op, input, claim.what);
     this.note(key.rolloutId, key.step);
-    if (rec.kind === 'result') return replayOf(rec);
+    if (rec.kind === 'result') return recordedOutcome(rec);
     if (this.inflight.has(`${key.rolloutId}.${key.step}`)) throw conflict(key, rec);
     // Its runner is gone (this node restarted, or this very process failed to record the result)
     // or its deadline passed: unless a result arrived meanwhile, nobody will ever write one.
@@ -429,19 +431,6 @@ class Retake extends Error {
   constructor(readonly seq: number) {
     super('step held by an abandoned claim');
   }
-}
-
-function replayOf(rec: ResultRecord): object {
-  const o = rec.outcome;
-  if (o.ok) return { ...o.result, replayed: true };
-  const code = isErrorCode(o.error.code) ? o.error.code : 'INTERNAL';
-  throw new ProtocolError(code, o.error.message, { detail: { ...o.error.detail, replayed: true, rolloutId: rec.rolloutId, step: rec.step } });
-}
-
-function mismatch(key: StepKey, recorded: string, asked: string): ProtocolError {
-  return new ProtocolError('REPLAY_MISMATCH', `step ${key.step} of rollout ${key.rolloutId} is recorded as \`${recorded}\`, not \`${asked}\`: the trainer is not replaying what it did`, {
-    detail: { rolloutId: key.rolloutId, step: key.step, recorded, asked },
-  });
 }
 
 function conflict(key: StepKey, holder: { deadline: number; node: string }): ProtocolError {

@@ -376,7 +376,7 @@ async function ps(a: Args): Promise<number> {
 
 function exitCodeOf(err: unknown): number {
   if (err instanceof UsageError) return 2;
-  if (err instanceof PaddockError) return ErrorCodes[err.code].fault === 'user' ? 2 : 1;
+  if (err instanceof PaddockError) return err.fault === 'user' ? 2 : 1;
   return 1;
 }
 
@@ -743,7 +743,7 @@ async function chronus(a: Args): Promise<number> {
   const [verb, id, dest, ...rest] = a.positionals;
   if (verb !== 'export' || id === undefined || rest.length > 0) throw new UsageError('usage: paddock chronus export <rolloutId> [file|-]', verb !== 'export');
   return withClient(a, async (pdk) => {
-    const n = await exportCommand(pdk.nc, id, dest);
+    const n = await exportCommand(pdk.rollouts.export(id), dest);
     if (dest !== undefined && dest !== '-') note(`wrote ${n} steps of rollout ${id} to ${dest}`);
     return 0;
   });

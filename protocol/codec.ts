@@ -18,3 +18,17 @@ export function decode(data: Uint8Array): unknown {
     throw new ProtocolError('INVALID_REQUEST', 'payload is not valid MessagePack', { cause: e });
   }
 }
+
+/**
+ * Decodes a request: every request is a MessagePack map (an empty payload counts as `{}`).
+ * Anything else is INVALID_REQUEST, on every subject — including the byte 0xC1, which MessagePack
+ * never uses and msgpackr decodes to a sentinel object that would otherwise pass for a map.
+ */
+export function decodeRequest(data: Uint8Array): Record<string, unknown> {
+  const v = decode(data);
+  if (typeof v === 'object' && v !== null) {
+    const proto = Object.getPrototypeOf(v);
+    if (proto === Object.prototype || proto === null) return v as Record<string, unknown>;
+  }
+  throw new ProtocolError('INVALID_REQUEST', 'payload is not a MessagePack map: every request is a map of fields', { detail: { field: 'payload' } });
+}

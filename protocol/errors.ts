@@ -51,12 +51,16 @@ export const ErrorCodes = {
 } as const satisfies Record<string, { retryable: boolean; fault: 'user' | 'system' }>;
 
 export type ErrorCode = keyof typeof ErrorCodes;
+/** Whose move it is: the caller's (`user`: fix the request) or the platform's (`system`: retry, or tell an operator). */
+export type Fault = 'user' | 'system';
 
 /** The error as it travels on the wire. */
 export interface WireError {
   code: ErrorCode;
   message: string;
   retryable: boolean;
+  /** Whose move it is (ErrorCodes[code].fault); absent in replies of older servers. */
+  fault?: Fault;
   /** Free-form machine-readable detail (e.g. the field that failed validation). */
   detail?: Record<string, unknown>;
 }
@@ -80,7 +84,7 @@ export class ProtocolError extends Error {
   }
 
   toWire(): WireError {
-    const w: WireError = { code: this.code, message: this.message, retryable: ErrorCodes[this.code].retryable };
+    const w: WireError = { code: this.code, message: this.message, retryable: ErrorCodes[this.code].retryable, fault: ErrorCodes[this.code].fault };
     if (this.detail) w.detail = this.detail;
     return w;
   }
@@ -89,5 +93,5 @@ export class ProtocolError extends Error {
 export function toWireError(err: unknown): WireError {
   if (err instanceof ProtocolError) return err.toWire();
   const message = err instanceof Error ? err.message : String(err);
-  return { code: 'INTERNAL', message, retryable: true };
+  return { code: 'INTERNAL', message, retryable: true, fault: 'system' };
 }

@@ -1,8 +1,10 @@
-/** The wire protocol: subjects, message types, error codes, codec, validation. */
-export { decode, encode } from './codec.ts';
+/** The wire protocol: subjects, message schema and types, error codes, codec, validation. */
+export { decode, decodeRequest, encode } from './codec.ts';
 export { ErrorCodes, isErrorCode, ProtocolError, toWireError } from './errors.ts';
-export type { ErrorCode, WireError } from './errors.ts';
-export { Backends, ExecVerdicts, FnCompareModes, FnLanguages, FnVerdicts, GroupVerbs, IdleActions, QosClasses, SandboxStates } from './messages.ts';
+export type { ErrorCode, Fault, WireError } from './errors.ts';
+export { Backends, EndReasons, ExecVerdicts, FileTypes, FnCompareModes, FnLanguages, FnVerdicts, GroupVerbs, IdleActions, QosClasses, SandboxStates } from './messages.ts';
+/** The TypeBox schema of every message (JSON Schema with static types). */
+export * as Schema from './schema.ts';
 export { domainAllowed, formatIPv4, isOpen, maskOf, NetworkLimits, parseIPv4, parsePolicy, validateNetworkPolicy } from './network.ts';
 export type { AllowRule, ParsedPolicy } from './network.ts';
 export type {
@@ -39,6 +41,13 @@ export type {
   IdleAction,
   QosClass,
   KillRequest,
+  NodeGroupRequest,
+  RolloutRecord,
+  RolloutsStartRequest,
+  RolloutsStepsReply,
+  RolloutView,
+  SandboxesListReply,
+  SandboxesListRequest,
   LayerCacheStats,
   LayerCounters,
   LayerLoadMode,
@@ -51,8 +60,13 @@ export type {
   SandboxSpec,
   SandboxState,
 } from './messages.ts';
-export { Buckets, FN_QUEUE, isSandboxVerb, isToken, NodeVerbs, PLACEMENT_QUEUE, PREFIX, parseSandboxSubject, SandboxVerbs, Streams, subjects } from './subjects.ts';
-export type { NodeVerb, SandboxVerb } from './subjects.ts';
-export { diskMiBOf, Limits, optionalCount, requireRecord, validateExec, validateFnInvoke, validatePath, validateSpec, validateStep } from './validate.ts';
+export { Buckets, FN_QUEUE, isSandboxVerb, RolloutVerbs, isToken, NodeVerbs, PLACEMENT_QUEUE, PREFIX, parseGroupSubject, parseSandboxSubject, SandboxVerbs, Streams, subjects } from './subjects.ts';
+export type { NodeVerb, RolloutVerb, SandboxVerb } from './subjects.ts';
+export { scanKv } from './kv.ts';
+export type { ScanOptions } from './kv.ts';
+export { positiveEnv } from './env.ts';
+export { check, diskMiBOf, isMap, Limits, optionalCount, requireRecord, SandboxRequests, validateCreate, validateExec, validateFnInvoke, validateNodeGroup, validatePath, validateSandboxRequest, validateSpec, validateStep } from './validate.ts';
 export type { FnInvoke } from './validate.ts';
-export { newSandboxId } from './ids.ts';
+export { newRolloutId, newSandboxId } from './ids.ts';
+export { Operations, protocolJsonSchema, protocolTable } from './api.ts';
+export type { Operation } from './api.ts';

@@ -3,9 +3,10 @@
  * Pure, so the SDK, the node and tests share it.
  */
 import { type ErrorCode, ProtocolError } from './errors.ts';
-import type { NetworkPolicy } from './messages.ts';
+import { Limits } from './limits.ts';
+import type { NetworkPolicy } from './schema.ts';
 
-export const NetworkLimits = { allowMax: 256, domainsMax: 256, portsMax: 64, domainMax: 253 } as const;
+export const NetworkLimits = Limits.network;
 
 /** One allowed destination: an IPv4 network and a port range (0-65535 = any port). */
 export interface AllowRule {

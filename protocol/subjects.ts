@@ -37,6 +37,10 @@ export function isSandboxVerb(v: string): v is SandboxVerb {
 export const NodeVerbs = ['create', 'info', 'group'] as const;
 export type NodeVerb = (typeof NodeVerbs)[number];
 
+/** Calls on the command log (`pdk.v1.rollouts.<verb>`), answered by placement replicas. */
+export const RolloutVerbs = ['start', 'attach', 'get', 'steps', 'export', 'delete'] as const;
+export type RolloutVerb = (typeof RolloutVerbs)[number];
+
 // Ids become subject tokens: keep them to a safe alphabet so no id can inject a wildcard or a dot.
 const TOKEN = /^[A-Za-z0-9_-]{1,64}$/;
 export function isToken(s: unknown): s is string {
@@ -45,6 +49,10 @@ export function isToken(s: unknown): s is string {
 
 export const subjects = {
   placeCreate: `${PREFIX}.place.create`,
+  /** The sandbox directory: list (filters, pages) and get, answered by placement replicas. */
+  sandboxesList: `${PREFIX}.sandboxes.list`,
+  sandboxesGet: `${PREFIX}.sandboxes.get`,
+  rollouts: (verb: RolloutVerb) => `${PREFIX}.rollouts.${verb}`,
   /** FnCall: one-shot invocations, answered by any node (queue group FN_QUEUE). */
   fnInvoke: `${PREFIX}.fn.invoke`,
   node: (node: string, verb: NodeVerb) => `${PREFIX}.node.${node}.${verb}`,
@@ -72,4 +80,14 @@ export function parseSandboxSubject(subject: string): { id: string; verb: string
   const dot = rest.indexOf('.');
   if (dot <= 0) return null;
   return { id: rest.slice(0, dot), verb: rest.slice(dot + 1) };
+}
+
+/** Splits `pdk.v1.group.<group>.<verb>` into group and verb; null for anything else. */
+export function parseGroupSubject(subject: string): { group: string; verb: string } | null {
+  const head = `${PREFIX}.group.`;
+  if (!subject.startsWith(head)) return null;
+  const rest = subject.slice(head.length);
+  const dot = rest.indexOf('.');
+  if (dot <= 0) return null;
+  return { group: rest.slice(0, dot), verb: rest.slice(dot + 1) };
 }

@@ -5,6 +5,7 @@
 import { cpus, hostname, totalmem } from 'node:os';
 import { isAbsolute, join, normalize } from 'node:path';
 import { CHRONUS_ENV_DOC } from '../chronus/config.ts';
+import { positiveEnv } from '../protocol/env.ts';
 import { DEFAULT_HOME } from '../protocol/discovery.ts';
 
 export interface NodeConfig {
@@ -127,13 +128,7 @@ export const ENV_DOC: Record<string, string> = {
   PADDOCK_CPU_PROFILE: 'directory: SIGUSR2 starts a V8 CPU profile of the node, a second SIGUSR2 writes it there',
 };
 
-function numEnv(env: NodeJS.ProcessEnv, name: string, dflt: number): number {
-  const v = env[name];
-  if (v === undefined || v === '') return dflt;
-  const n = Number(v);
-  if (!Number.isFinite(n) || n <= 0) throw new Error(`${name}=${v}: must be a positive number`);
-  return n;
-}
+const numEnv = positiveEnv;
 
 function layerMode(v: string | undefined): 'lazy' | 'eager' {
   if (v === undefined || v === '' || v === 'lazy') return 'lazy';

@@ -18,21 +18,19 @@ import {
   Buckets,
   type CreateReply,
   type GroupVerb,
-  GroupVerbs,
-  decode,
   encode,
-  isToken,
   Limits,
   newSandboxId,
   type NodeRecord,
   ProtocolError,
   type Resources,
-  requireRecord,
   type SandboxInfo,
+  scanKv,
   subjects,
   toWireError,
   diskMiBOf,
-  validateSpec,
+  validateCreate,
+  validateNodeGroup,
 } from '../protocol/index.ts';
 import type { Backend } from './backend.ts';
 import type { NodeConfig } from './config.ts';
@@ -127,10 +125,7 @@ export class PaddockNode {
   /** Directory records this node left running when it died: they did not survive, say so. */
   private async markOrphans(): Promise<void> {
     const now = Date.now();
-    for await (const key of await this.directory.keys()) {
-      const e = await this.directory.get(key);
-      if (e?.operation !== 'PUT') continue;
-      const info = decode(e.value) as SandboxInfo;
+    for (const { key, value: info } of await scanKv<SandboxInfo>(this.directory)) {
       if (info.node !== this.id || info.state === 'stopped' || info.state === 'failed') continue;
       const ended: SandboxInfo = { ...info, state: 'failed', reason: 'node_restarted', endedAt: now, error: { code: 'BACKEND_FAILED', message: `node ${this.id} restarted; the sandbox was lost`, retryable: false } };
       await this.directory.put(key, encode(ended));
@@ -171,11 +166,10 @@ export class PaddockNode {
   }
 
   private async create(body: unknown): Promise<CreateReply> {
-    const b = requireRecord(body, 'create');
-    const spec = validateSpec(b.spec ?? {});
+    const b = validateCreate(body);
+    const spec = b.spec;
     const backend = this.backendFor(spec.backend);
-    if (b.id !== undefined && !isToken(b.id)) throw new ProtocolError('INVALID_REQUEST', 'id: must be 1-64 characters of [A-Za-z0-9_-]');
-    const id = (b.id as string | undefined) ?? newSandboxId();
+    const id = b.id ?? newSandboxId();
     if (this.sandboxes.has(id)) throw new ProtocolError('INVALID_REQUEST', `sandbox ${id} already exists`);
 
     const need: Resources = { cpu: spec.cpu, memoryMiB: spec.memoryMiB, sandboxes: 1, pids: spec.pidsLimit, diskMiB: diskMiBOf(spec) };
@@ -228,12 +222,8 @@ export class PaddockNode {
 
   /** Applies a group verb to this node's sandboxes of `group`, many at once; a summary per sandbox. */
   private async group(body: unknown): Promise<NodeGroupReply> {
-    const b = requireRecord(body, 'group');
-    if (!isToken(b.group)) throw new ProtocolError('INVALID_REQUEST', 'group: must be 1-64 characters of [A-Za-z0-9_-]');
-    if (typeof b.verb !== 'string' || !(GroupVerbs as readonly string[]).includes(b.verb)) {
-      throw new ProtocolError('UNKNOWN_VERB', `unknown group verb ${JSON.stringify(b.verb)}; known: ${GroupVerbs.join(', ')}`);
-    }
-    const verb = b.verb as GroupVerb;
+    const b = validateNodeGroup(body);
+    const verb = b.verb;
     const members = [...this.sandboxes.values()].filter((h) => h.spec.group === b.group);
     const failed: NodeGroupReply['failed'] = [];
     let ok = 0;

@@ -1,10 +1,9 @@
 /** The entry point: `Paddock.connect()`, then `pdk.sandboxes.create(...)`. */
 import { readFileSync } from 'node:fs';
-import { type KV, Kvm } from '@nats-io/kv';
-import { connect, type NatsConnection } from '@nats-io/transport-node';
+import { type NatsConnection, connect as natsConnect } from '@nats-io/transport-node';
 import { natsUrlFile } from '../protocol/discovery.ts';
-import { Buckets, type CreateReply, decode, type GroupReply, type GroupVerb, type SandboxInfo, type SandboxSpec, type SandboxState, isToken, subjects } from '../protocol/index.ts';
-import { InvalidRequestError, NotFoundError, UnavailableError } from './errors.ts';
+import { type CreateReply, type GroupReply, type GroupVerb, isToken, type SandboxesListReply, type SandboxInfo, type SandboxSpec, type SandboxState, subjects } from '../protocol/index.ts';
+import { InvalidRequestError, NotFoundError, TimeoutError, UnavailableError } from './errors.ts';
 import { Fn } from './fn.ts';
 import { Rollouts } from './rollouts.ts';
 import { Nodes } from './nodes.ts';
@@ -22,13 +21,16 @@ export interface ConnectOptions {
 export type CreateSpec = Partial<SandboxSpec>;
 
 export interface ListOptions extends CallOptions {
+  /** Every label given must match. */
   labels?: Record<string, string>;
   group?: string;
-  /** Include sandboxes that have ended (default: only live ones). */
+  /** Only these states (default: creating, running and stopping; with `all`, every state). */
+  state?: SandboxState[];
+  node?: string;
+  backend?: SandboxSpec['backend'];
+  /** Include sandboxes that have ended, and sleeping ones (default: only live ones). */
   all?: boolean;
 }
-
-const LIVE: ReadonlySet<SandboxState> = new Set(['creating', 'running', 'stopping']);
 
 function defaultServers(): string {
   if (process.env.NATS_URL) return process.env.NATS_URL;
@@ -51,7 +53,7 @@ export class Paddock {
   readonly fn: Fn;
 
   private constructor(
-    readonly nc: NatsConnection,
+    private readonly nc: NatsConnection,
     t: Transport,
   ) {
     this.sandboxes = new Sandboxes(t);
@@ -63,10 +65,15 @@ export class Paddock {
 
   static async connect(opts: ConnectOptions = {}): Promise<Paddock> {
     const servers = opts.servers ?? defaultServers();
-    const nc = await connect({ servers, name: opts.name ?? 'paddock-sdk' }).catch((err: unknown) => {
+    const nc = await natsConnect({ servers, name: opts.name ?? 'paddock-sdk' }).catch((err: unknown) => {
       throw new UnavailableError('UNAVAILABLE', `cannot connect to NATS at ${servers}: ${(err as Error).message}`, { cause: err });
     });
     return new Paddock(nc, new Transport(nc, opts.timeoutMs ?? 60_000));
+  }
+
+  /** @internal the connection, for the tests and tools of this repository: not part of the SDK. */
+  static connectionOf(pdk: Paddock): NatsConnection {
+    return pdk.nc;
   }
 
   async close(): Promise<void> {
@@ -79,20 +86,20 @@ export class Paddock {
 }
 
 export class Sandboxes {
-  private kv?: Promise<KV>;
-
   constructor(private readonly t: Transport) {}
 
-  private directory(): Promise<KV> {
-    this.kv ??= new Kvm(this.t.nc).open(Buckets.sandboxes);
-    return this.kv;
-  }
-
-  /** @internal the directory record of a sandbox, or null. */
-  readonly lookup = async (id: string): Promise<SandboxInfo | null> => {
-    const e = await (await this.directory()).get(id);
-    return e && e.operation === 'PUT' ? (decode(e.value) as SandboxInfo) : null;
+  /** @internal the directory's record of a sandbox (live or ended), or null. */
+  readonly lookup = async (id: string, opts?: CallOptions): Promise<SandboxInfo | null> => {
+    try {
+      return await this.t.request<SandboxInfo>(subjects.sandboxesGet, { id }, opts);
+    } catch (err) {
+      if (err instanceof NotFoundError) return null;
+      throw err;
+    }
   };
+
+  /** @internal a handle on a sandbox whose record a server sent. */
+  readonly handle = (info: SandboxInfo): Sandbox => new Sandbox(this.t, info, this.lookup);
 
   /** Creates a sandbox and resolves once it runs. */
   async create(spec: CreateSpec = {}, opts?: CallOptions): Promise<Sandbox> {
@@ -104,37 +111,35 @@ export class Sandboxes {
   async get(id: string, opts?: CallOptions): Promise<Sandbox> {
     // An id is a subject token: `*` or `a.b` would address other subjects than one sandbox's.
     if (!isToken(id)) throw new InvalidRequestError('INVALID_REQUEST', `sandbox id: must be 1-64 characters of [A-Za-z0-9_-], got ${JSON.stringify(id)}`, { detail: { field: 'id' } });
+    // The sandbox's own actor answers fastest; with none (it ended, or never was) the directory says which.
     const info = await this.t.request<SandboxInfo>(subjects.sandbox(id, 'info'), {}, opts, async () => {
-      // No actor answers: the sandbox ended (the directory says how) or never was.
-      const rec = await this.lookup(id);
+      const rec = await this.lookup(id, opts);
       if (rec) return rec;
       throw new NotFoundError('NOT_FOUND', `sandbox ${id} does not exist`);
     });
     return new Sandbox(this.t, info, this.lookup);
   }
 
-  /** Sandboxes from the directory, filtered by labels (all must match) and group. */
+  /** Sandboxes from the directory, oldest first, filtered by labels (all must match), group, state, node and backend. */
   async list(opts: ListOptions = {}): Promise<SandboxInfo[]> {
-    const kv = await this.directory();
+    const { timeoutMs, signal, ...filters } = opts;
+    const deadline = Date.now() + (timeoutMs ?? this.t.defaultTimeoutMs);
     const out: SandboxInfo[] = [];
-    // A Set: a key written while the listing runs (a sandbox changing state) comes back again.
-    const unique = new Set<string>();
-    for await (const k of await kv.keys()) unique.add(k);
-    const keys = [...unique];
-    const batch = 64;
-    for (let i = 0; i < keys.length; i += batch) {
-      const got = await Promise.all(keys.slice(i, i + batch).map((k) => kv.get(k)));
-      for (const e of got) {
-        if (e?.operation !== 'PUT') continue;
-        const info = decode(e.value) as SandboxInfo;
-        if (!opts.all && !LIVE.has(info.state)) continue;
-        if (opts.group !== undefined && info.group !== opts.group) continue;
-        if (opts.labels && !Object.entries(opts.labels).every(([k, v]) => info.labels[k] === v)) continue;
-        out.push(info);
-      }
-    }
-    return out.sort((a, b) => a.createdAt - b.createdAt);
+    let cursor: string | undefined;
+    do {
+      const left = deadline - Date.now();
+      if (left <= 0) throw new TimeoutError('TIMEOUT', `the listing did not finish within ${timeoutMs ?? this.t.defaultTimeoutMs} ms`);
+      const page: SandboxesListReply = await this.t.request<SandboxesListReply>(subjects.sandboxesList, { ...filters, ...(cursor !== undefined ? { cursor } : {}) }, { timeoutMs: left, signal });
+      out.push(...page.sandboxes);
+      cursor = page.next;
+    } while (cursor !== undefined);
+    return out;
   }
+}
+
+/** Connects to Paddock's NATS: `const pdk = await connect()`. */
+export function connect(opts: ConnectOptions = {}): Promise<Paddock> {
+  return Paddock.connect(opts);
 }
 
 const GROUP_TIMEOUT_MS = 610_000;

@@ -2,18 +2,21 @@
  * Errors the SDK throws: one base class carrying the stable wire code, one subclass per family, and
  * one function that maps a wire error to its class. Switch on `code` or on `instanceof`.
  */
-import { type ErrorCode, ErrorCodes, isErrorCode, type WireError } from '../protocol/index.ts';
+import { type ErrorCode, ErrorCodes, type Fault, isErrorCode, type WireError } from '../protocol/index.ts';
 
 export class PaddockError extends Error {
   override name = 'PaddockError';
   readonly code: ErrorCode;
   /** Whether the same call may succeed if retried later. */
   readonly retryable: boolean;
+  /** Whose move it is: the caller's (`user`: fix the request) or the platform's (`system`: retry later, or tell an operator). */
+  readonly fault: Fault;
   readonly detail?: Record<string, unknown>;
-  constructor(code: ErrorCode, message: string, opts?: { retryable?: boolean; detail?: Record<string, unknown>; cause?: unknown }) {
+  constructor(code: ErrorCode, message: string, opts?: { retryable?: boolean; fault?: Fault; detail?: Record<string, unknown>; cause?: unknown }) {
     super(message, opts?.cause === undefined ? undefined : { cause: opts.cause });
     this.code = code;
     this.retryable = opts?.retryable ?? ErrorCodes[code].retryable;
+    this.fault = opts?.fault ?? ErrorCodes[code].fault;
     this.detail = opts?.detail;
   }
 }
@@ -107,5 +110,5 @@ const CLASSES: Record<ErrorCode, typeof PaddockError> = {
 export function errorFromWire(w: WireError): PaddockError {
   const code: ErrorCode = isErrorCode(w.code) ? w.code : 'INTERNAL';
   const Cls = CLASSES[code];
-  return new Cls(code, w.message, { retryable: w.retryable, detail: w.detail });
+  return new Cls(code, w.message, { retryable: w.retryable, ...(w.fault === 'user' || w.fault === 'system' ? { fault: w.fault } : {}), detail: w.detail });
 }

@@ -8,31 +8,13 @@
  * // → { verdict: 'OK', stdout: '42\n', exitCode: 0, timeMs: 11.2, … }
  * ```
  */
-import type { FnCompareMode, FnInvokeResult, FnLanguage, FnLimits, FnTestResult, FnVerdict } from '../protocol/index.ts';
+import type { FnInvokeRequest, FnInvokeResult, FnTestResult, FnVerdict } from '../protocol/index.ts';
 import { subjects } from '../protocol/index.ts';
 import { BusyError, CancelledError, PaddockError, TimeoutError } from './errors.ts';
 import type { CallOptions, Transport } from './transport.ts';
 
-export interface FnRequest {
-  /** python, c, cpp or bash — or give `image` and `command` instead. */
-  language?: FnLanguage;
-  image?: string;
-  /** With `image`: the argv to run, in /work (`code`, if given, is the executable /box/main). */
-  command?: string[];
-  code?: string | Uint8Array;
-  /** Files put in /work before the program runs: relative path → contents. */
-  files?: Record<string, string | Uint8Array>;
-  stdin?: string | Uint8Array;
-  args?: string[];
-  env?: Record<string, string>;
-  /** timeMs (CPU, default 2000), wallMs (default 2 × timeMs + 200), memoryMiB (256), outputBytes (1 MiB). */
-  limits?: Partial<FnLimits>;
-  /** Judge against these: one run per test, each in a fresh process tree. */
-  tests?: Array<{ stdin?: string | Uint8Array; expected?: string | Uint8Array }>;
-  /** How stdout is compared with `expected`: `lines` (default: trailing blanks ignored), `tokens` or `exact`. */
-  compare?: FnCompareMode;
-  stopOnFailure?: boolean;
-}
+/** An invocation as the caller gives it: the wire's FnInvokeRequest (text or bytes for code, stdin, files and tests). */
+export type FnRequest = FnInvokeRequest;
 
 export interface FnTestOutcome {
   verdict: FnVerdict;

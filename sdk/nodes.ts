@@ -1,6 +1,7 @@
 /** The nodes of a Paddock: their heartbeat records and what each reports about itself. */
 import { type KV, Kvm } from '@nats-io/kv';
-import { Buckets, decode, type LayerStats, type NodeLayerStats, type NodeRecord, subjects } from '../protocol/index.ts';
+import { Buckets, type LayerStats, type NodeLayerStats, type NodeRecord, ProtocolError, scanKv, subjects } from '../protocol/index.ts';
+import { errorFromWire } from './errors.ts';
 import type { CallOptions, Transport } from './transport.ts';
 
 /** Counters of one layer on one node. */
@@ -19,15 +20,20 @@ export class Nodes {
   constructor(private readonly t: Transport) {}
 
   /** Heartbeat records of the nodes (live or recently gone). */
-  async list(): Promise<NodeRecord[]> {
+  async list(opts: CallOptions = {}): Promise<NodeRecord[]> {
     this.kv ??= new Kvm(this.t.nc).open(Buckets.nodes);
-    const kv = await this.kv;
-    const out: NodeRecord[] = [];
-    for await (const k of await kv.keys()) {
-      const e = await kv.get(k);
-      if (e?.operation === 'PUT') out.push(decode(e.value) as NodeRecord);
+    const deadline = Date.now() + (opts.timeoutMs ?? this.t.defaultTimeoutMs);
+    try {
+      const rows = await this.t.within(
+        (async () => scanKv<NodeRecord>(await (this.kv as Promise<KV>), { deadline, ...(opts.signal ? { signal: opts.signal } : {}) }))(),
+        opts,
+        'listing the nodes',
+      );
+      return rows.map((r) => r.value).sort((a, b) => a.node.localeCompare(b.node));
+    } catch (err) {
+      if (err instanceof ProtocolError) throw errorFromWire(err.toWire());
+      throw err;
     }
-    return out.sort((a, b) => a.node.localeCompare(b.node));
   }
 
   /** What a node reports about itself, with its layer cache counters. */

@@ -12,29 +12,23 @@
  * ```
  *
  * Every exec or write takes the next step number (0, 1, 2, …) unless given `step`. On attach the
- * rollout's recorded results are read once, so replaying a thousand steps costs no round trip per
- * step; a step the log does not settle (not recorded, or still in flight) goes to the node, which
- * decides with the same rules.
+ * rollout's recorded results come with the reply (`pdk.v1.rollouts.attach`, prefetch), so
+ * replaying a thousand steps costs no round trip per step; they are answered by the replay rule of
+ * protocol/records.ts, the one the node's journal applies. A step that rule does not settle (not
+ * recorded, or still in flight) goes to the node, which decides.
  */
-import type { JetStreamManager } from '@nats-io/jetstream';
-import { jetstreamManager } from '@nats-io/jetstream';
-import { type KV, Kvm } from '@nats-io/kv';
-import { DEFAULT_RETENTION_SEC } from '../chronus/config.ts';
-import { purgeRollout, readRollout, recordedSteps } from '../chronus/log.ts';
 import {
+  assertSameRequest,
   type DigestInput,
-  decodeRolloutRecord,
   describeExec,
   describeWrite,
-  newRolloutId,
-  type ResultRecord,
   type RolloutRecord,
+  recordedOutcome,
   type StepOp,
   type StepRecord,
-  sameRequest,
-} from '../chronus/record.ts';
-import { Buckets, encode, type FilesWriteReply, isToken, Limits, type SandboxSpec } from '../protocol/index.ts';
-import { AlreadyExistsError, CancelledError, errorFromWire, InvalidRequestError, NotFoundError, PaddockError, ReplayMismatchError, StepError, UnavailableError } from './errors.ts';
+} from '../protocol/records.ts';
+import { type ExecResult as WireExecResult, type FilesWriteReply, isToken, Limits, ProtocolError, type RolloutsStepsReply, type RolloutView, type SandboxInfo, type SandboxSpec, subjects } from '../protocol/index.ts';
+import { CancelledError, errorFromWire, InvalidRequestError, NotFoundError, PaddockError, StepError } from './errors.ts';
 import { type ExecOptions, type ExecResult, execBody, type Sandbox, toExecResult } from './sandbox.ts';
 import type { CallOptions, Transport } from './transport.ts';
 
@@ -75,10 +69,9 @@ export interface StepWriteResult {
   replayed: boolean;
 }
 
-/** What Rollouts needs of `pdk.sandboxes`. */
+/** What Rollouts needs of `pdk.sandboxes`: a handle on a sandbox whose record the server sent. */
 export interface SandboxSource {
-  create(spec: Partial<SandboxSpec>, opts?: CallOptions): Promise<Sandbox>;
-  get(id: string, opts?: CallOptions): Promise<Sandbox>;
+  handle(info: SandboxInfo): Sandbox;
 }
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
@@ -86,56 +79,35 @@ const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const CONFLICT_SLACK_MS = 2000;
 
 export class Rollouts {
-  private kvp?: Promise<KV>;
-  private jsmp?: Promise<JetStreamManager>;
-
   constructor(
     private readonly t: Transport,
     private readonly sandboxes: SandboxSource,
   ) {}
 
-  private kv(): Promise<KV> {
-    this.kvp ??= new Kvm(this.t.nc).open(Buckets.rollouts).catch((err: unknown) => {
-      this.kvp = undefined;
-      throw new UnavailableError('UNAVAILABLE', `no command log here (bucket ${Buckets.rollouts}): is a Paddock node running? ${(err as Error).message}`, { cause: err });
-    });
-    return this.kvp;
-  }
-
-  private jsm(): Promise<JetStreamManager> {
-    this.jsmp ??= jetstreamManager(this.t.nc).catch((err: unknown) => {
-      this.jsmp = undefined;
-      throw new UnavailableError('UNAVAILABLE', `JetStream is not available: ${(err as Error).message}`, { cause: err });
-    });
-    return this.jsmp;
+  private checkId(rolloutId: string): void {
+    if (!isToken(rolloutId)) throw new InvalidRequestError('INVALID_REQUEST', `rolloutId: must be 1-64 characters of [A-Za-z0-9_-], got ${JSON.stringify(rolloutId)}`);
   }
 
   /** The rollout's record (its sandbox, retention), or null. */
-  async get(rolloutId: string): Promise<RolloutRecord | null> {
-    if (!isToken(rolloutId)) throw new InvalidRequestError('INVALID_REQUEST', `rolloutId: must be 1-64 characters of [A-Za-z0-9_-], got ${JSON.stringify(rolloutId)}`);
-    const e = await (await this.kv()).get(rolloutId);
-    return e?.operation === 'PUT' ? decodeRolloutRecord(e.value) : null;
+  async get(rolloutId: string, opts?: CallOptions): Promise<RolloutRecord | null> {
+    this.checkId(rolloutId);
+    try {
+      return await this.t.request<RolloutRecord>(subjects.rollouts('get'), { rolloutId }, opts);
+    } catch (err) {
+      if (err instanceof NotFoundError) return null;
+      throw err;
+    }
   }
 
   /** Creates a sandbox and a rollout on it. Fails with ALREADY_EXISTS if the id is taken. */
   async start(opts: RolloutStartOptions = {}): Promise<Rollout> {
-    const rolloutId = opts.rolloutId ?? newRolloutId();
-    const retentionSec = opts.retentionSec ?? DEFAULT_RETENTION_SEC;
-    if (!(Number.isFinite(retentionSec) && retentionSec > 0)) throw new InvalidRequestError('INVALID_REQUEST', `retentionSec: must be a positive number, got ${retentionSec}`);
-    if (await this.get(rolloutId)) throw taken(rolloutId);
-    const spec = { ...opts.sandbox, labels: { ...opts.sandbox?.labels, 'paddock.rollout': rolloutId } };
-    const sandbox = await this.sandboxes.create(spec, opts);
-    const now = Date.now();
-    const rec: RolloutRecord = { v: 1, rolloutId, sandbox: sandbox.id, createdAt: now, touchedAt: now, retentionSec };
-    try {
-      await (await this.kv()).create(rolloutId, encode(rec));
-    } catch (err) {
-      // Another trainer started the same id a moment ago: it keeps it.
-      await sandbox.kill().catch(() => {});
-      if (await this.get(rolloutId).catch(() => null)) throw taken(rolloutId);
-      throw new UnavailableError('UNAVAILABLE', `could not record rollout ${rolloutId}: ${(err as Error).message}`, { cause: err });
+    const { timeoutMs, signal, ...body } = opts;
+    if (body.rolloutId !== undefined) this.checkId(body.rolloutId);
+    if (body.retentionSec !== undefined && !(Number.isFinite(body.retentionSec) && body.retentionSec > 0)) {
+      throw new InvalidRequestError('INVALID_REQUEST', `retentionSec: must be a positive number, got ${body.retentionSec}`);
     }
-    return new Rollout(rec, sandbox, await this.load(rolloutId, true));
+    const view = await this.t.request<RolloutView<StepRecord>>(subjects.rollouts('start'), body, { timeoutMs, signal });
+    return new Rollout(view.rollout, this.sandboxes.handle(view.sandbox), { records: new Map(), lastStep: view.lastStep });
   }
 
   /**
@@ -143,55 +115,36 @@ export class Rollouts {
    * from step 0. `lastStep` is the highest step recorded (-1: none).
    */
   async attach(rolloutId: string, opts: AttachOptions = {}): Promise<Rollout> {
-    const kv = await this.kv();
-    if (!isToken(rolloutId)) throw new InvalidRequestError('INVALID_REQUEST', `rolloutId: must be 1-64 characters of [A-Za-z0-9_-], got ${JSON.stringify(rolloutId)}`);
-    const e = await kv.get(rolloutId);
-    if (e?.operation !== 'PUT') throw new NotFoundError('NOT_FOUND', `rollout ${rolloutId} does not exist`, { detail: { rolloutId } });
-    const rec = decodeRolloutRecord(e.value);
-    const sandbox = await this.sandboxes.get(rec.sandbox, opts);
-    const loaded = await this.load(rolloutId, opts.prefetch !== false);
-    // An attach restarts the retention clock (best effort: a racing attach did it as well).
-    const touched = { ...rec, touchedAt: Date.now() };
-    await kv.update(rolloutId, encode(touched), e.revision).catch(() => {});
-    return new Rollout(touched, sandbox, loaded);
+    this.checkId(rolloutId);
+    const prefetch = opts.prefetch !== false;
+    const call = { timeoutMs: opts.timeoutMs, signal: opts.signal };
+    const view = await this.t.request<RolloutView<StepRecord>>(subjects.rollouts('attach'), { rolloutId, prefetch }, call);
+    const records = new Map<number, StepRecord>();
+    for (const r of view.steps ?? []) records.set(r.step, r);
+    // A log too large for one reply comes in pages.
+    for (let after = view.next; after !== undefined; ) {
+      const page: RolloutsStepsReply<StepRecord> = await this.t.request<RolloutsStepsReply<StepRecord>>(subjects.rollouts('steps'), { rolloutId, which: 'last', after }, call);
+      for (const r of page.records) records.set(r.step, r);
+      after = page.next;
+    }
+    return new Rollout(view.rollout, this.sandboxes.handle(view.sandbox), { records, lastStep: view.lastStep });
   }
 
-  private async load(rolloutId: string, prefetch: boolean): Promise<{ records: Map<number, StepRecord>; lastStep: number }> {
-    try {
-      const records = new Map<number, StepRecord>();
-      let lastStep = -1;
-      if (prefetch) {
-        for (const { record } of await readRollout(this.t.nc, rolloutId, 'last', await this.jsm())) {
-          records.set(record.step, record);
-          lastStep = Math.max(lastStep, record.step);
-        }
-      } else {
-        lastStep = (await recordedSteps(await this.jsm(), rolloutId)).at(-1) ?? -1;
-      }
-      return { records, lastStep };
-    } catch (err) {
-      if (err instanceof UnavailableError) throw err;
-      throw new UnavailableError('UNAVAILABLE', `cannot read the log of rollout ${rolloutId}: ${(err as Error).message}`, { cause: err });
+  /** The rollout's trajectory, one JSON line per step (what `paddock rollouts export` writes). */
+  async *export(rolloutId: string, opts: CallOptions = {}): AsyncGenerator<string, void, undefined> {
+    this.checkId(rolloutId);
+    for (let after: number | undefined = -1; after !== undefined; ) {
+      const page: { lines: string[]; next?: number } = await this.t.request<{ lines: string[]; next?: number }>(subjects.rollouts('export'), { rolloutId, after }, opts);
+      yield* page.lines;
+      after = page.next;
     }
   }
 
   /** Deletes the rollout and every record of its log; with `kill`, its sandbox too. */
   async delete(rolloutId: string, opts: CallOptions & { kill?: boolean } = {}): Promise<void> {
-    const rec = await this.get(rolloutId);
-    await purgeRollout(await this.jsm(), rolloutId);
-    await (await this.kv()).delete(rolloutId);
-    if (opts.kill && rec) {
-      const sb = await this.sandboxes.get(rec.sandbox, opts).catch((err: unknown) => {
-        if (err instanceof NotFoundError) return null;
-        throw err;
-      });
-      await sb?.kill(opts);
-    }
+    this.checkId(rolloutId);
+    await this.t.request(subjects.rollouts('delete'), { rolloutId, kill: opts.kill === true }, { timeoutMs: opts.timeoutMs, signal: opts.signal });
   }
-}
-
-function taken(rolloutId: string): AlreadyExistsError {
-  return new AlreadyExistsError('ALREADY_EXISTS', `rollout ${rolloutId} already exists: attach to it`, { detail: { rolloutId } });
 }
 
 /** One rollout: its sandbox, a step counter, and the recorded steps still to replay. */
@@ -228,18 +181,16 @@ export class Rollout {
    * same request. A different request is a REPLAY_MISMATCH; anything else (not recorded, in
    * flight) is for the node to decide.
    */
-  fromLog(step: number, op: StepOp, input: DigestInput, what: string): ResultRecord | undefined {
+  fromLog(step: number, op: StepOp, input: DigestInput, what: string): Record<string, unknown> | undefined {
     const rec = this.recorded.get(step);
     if (!rec) return undefined;
     this.recorded.delete(step);
-    if (!sameRequest(rec, op, input)) {
-      throw new ReplayMismatchError('REPLAY_MISMATCH', `step ${step} of rollout ${this.rolloutId} is recorded as \`${rec.what}\`, not \`${what}\`: the trainer is not replaying what it did`, {
-        detail: { rolloutId: this.rolloutId, step, recorded: rec.what, asked: what },
-      });
+    try {
+      assertSameRequest(rec, op, input, what);
+      return rec.kind === 'result' ? recordedOutcome(rec) : undefined;
+    } catch (err) {
+      throw err instanceof ProtocolError ? errorFromWire(err.toWire()) : err;
     }
-    if (rec.kind !== 'result') return undefined;
-    if (!rec.outcome.ok) throw errorFromWire({ ...rec.outcome.error, detail: { ...rec.outcome.error.detail, replayed: true, rolloutId: this.rolloutId, step } });
-    return rec;
   }
 
   /**
@@ -285,10 +236,8 @@ export class Rollout {
 
   private async execStep(step: number, cmd: string | string[], opts: RolloutExecOptions): Promise<StepExecResult> {
     const body = execBody(cmd, opts);
-    const rec = this.fromLog(step, 'exec', body, describeExec(body.cmd));
-    if (rec?.op === 'exec' && rec.outcome.ok) {
-      return { ...toExecResult(rec.outcome.result), step, replayed: true };
-    }
+    const recorded = this.fromLog(step, 'exec', body, describeExec(body.cmd));
+    if (recorded) return { ...toExecResult(recorded as unknown as WireExecResult), step, replayed: true };
     const r = await this.viaNode(() => this.sandbox.exec(cmd, { ...opts, rolloutId: this.rolloutId, step }), opts.signal);
     return { ...r, step, replayed: r.replayed === true };
   }
@@ -308,8 +257,8 @@ export class RolloutFiles {
     const step = this.ro.take(opts.step);
     return this.ro.as(step, async () => {
       const req = { path, data: bytes, ...(opts.offset !== undefined ? { offset: opts.offset } : {}), ...(opts.mode !== undefined ? { mode: opts.mode } : {}) };
-      const rec = this.ro.fromLog(step, 'write', req, describeWrite(path, bytes.length, opts.offset));
-      if (rec?.op === 'write' && rec.outcome.ok) return { step, size: rec.outcome.result.size, replayed: true };
+      const recorded = this.ro.fromLog(step, 'write', req, describeWrite(path, bytes.length, opts.offset));
+      if (recorded) return { step, size: recorded.size as number, replayed: true };
       const r = await this.ro.viaNode(() => this.ro.sandbox.call<FilesWriteReply>('files.write', { ...req, rolloutId: this.ro.rolloutId, step }, opts), opts.signal);
       return { step, size: r.size, replayed: r.replayed === true };
     });

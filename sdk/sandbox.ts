@@ -99,7 +99,7 @@ export class Sandbox {
     private readonly t: Transport,
     /** Last known record; `refresh()` fetches a new one. */
     public info: SandboxInfo,
-    private readonly lookup: (id: string) => Promise<SandboxInfo | null>,
+    private readonly lookup: (id: string, opts?: CallOptions) => Promise<SandboxInfo | null>,
   ) {
     this.files = new SandboxFiles(this);
     this.network = new SandboxNetwork(this);

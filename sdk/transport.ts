@@ -51,6 +51,21 @@ export class Transport {
     if (reply.ok) return reply.result;
     throw errorFromWire(reply.error);
   }
+
+  /** Bounds work that is not one request (a scan of a bucket) by the call's timeout and signal. */
+  async within<T>(work: Promise<T>, opts: CallOptions, what: string): Promise<T> {
+    const timeout = opts.timeoutMs ?? this.defaultTimeoutMs;
+    if (opts.signal?.aborted) throw new CancelledError('CANCELLED', `${what} was cancelled before it began`);
+    let timer: NodeJS.Timeout | undefined;
+    const expiry = new Promise<never>((_, reject) => {
+      timer = setTimeout(() => reject(new TimeoutError('TIMEOUT', `${what} did not finish within ${timeout} ms`)), timeout);
+    });
+    try {
+      return await Promise.race([opts.signal ? abortable(work, opts.signal) : work, expiry]);
+    } finally {
+      clearTimeout(timer);
+    }
+  }
 }
 
 /** Timers take at most 2^31-1 ms: a longer one fires at once (a 1e15 ms exec "timed out" after 2 ms). */

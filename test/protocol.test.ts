@@ -1,6 +1,6 @@
 import { connect, type NatsConnection } from '@nats-io/transport-node';
 import { decode, encode, type Reply, subjects, validateSpec } from '../protocol/index.ts';
-import { InvalidSpecError } from '../sdk/index.ts';
+import { CancelledError, InvalidSpecError, NotFoundError, Paddock, type Sandbox } from '../sdk/index.ts';
 import { clusterTest } from './helpers/cluster.ts';
 
 const test = clusterTest();
@@ -47,7 +47,7 @@ test.serial('bad specs are refused with INVALID_SPEC and nothing is created', as
   }
   // A backend Paddock knows but no node runs yet is refused by placement, not by a crash.
   await t.throwsAsync(pdk.sandboxes.create({ backend: 'microvm' }), { instanceOf: InvalidSpecError });
-  const nc = pdk.nc;
+  const nc = Paddock.connectionOf(pdk);
   await assertNoSandboxes(t, nc, cluster.nodes[0]!.id);
 });
 
@@ -90,4 +90,94 @@ test.serial('malformed, oversize and unknown-verb messages get error replies; th
 test('validateSpec fills defaults', (t) => {
   const s = validateSpec({});
   t.deepEqual(s, { backend: 'container', image: 'busybox', cpu: 1, memoryMiB: 256, pidsLimit: 1024, ttlSec: 3600, labels: {}, env: {}, idleAction: 'pause', qos: 'ls', autoResume: true });
+});
+
+test.serial('a payload that is not a MessagePack map is INVALID_REQUEST on every subject, and does nothing', async (t) => {
+  const { pdk, cluster } = t.context;
+  const nc = await connect({ servers: cluster.url });
+  t.teardown(() => nc.close());
+  const sb = await pdk.sandboxes.create({ group: 'c1-job' });
+  t.teardown(() => sb.kill());
+  const node = cluster.nodes[0]?.id as string;
+  const subjectsToTry = [
+    subjects.placeCreate,
+    subjects.sandboxesList,
+    subjects.sandboxesGet,
+    ...(['start', 'attach', 'get', 'steps', 'export', 'delete'] as const).map((v) => subjects.rollouts(v)),
+    subjects.group('c1-job', 'kill'),
+    subjects.node(node, 'create'),
+    subjects.node(node, 'group'),
+    ...(['info', 'exec', 'exec.cancel', 'files.read', 'files.write', 'files.list', 'files.remove', 'kill', 'pause', 'hibernate', 'resume', 'restore', 'network.set'] as const).map((v) => subjects.sandbox(sb.id, v)),
+  ];
+  for (const subject of subjectsToTry) {
+    for (const payload of [new Uint8Array([0xc1]), encode([1]), encode(42), encode('spec')]) {
+      t.is(codeOf(await raw(nc, subject, payload)), 'INVALID_REQUEST', `${subject} ${payload[0]?.toString(16)}`);
+    }
+  }
+  // Nothing was created, killed or paused by any of it.
+  t.is((await sb.refresh()).state, 'running');
+  t.is((await pdk.sandboxes.list({ group: 'c1-job' })).length, 1);
+});
+
+test.serial('an unknown sandbox: its subjects have no responders, sandboxes.get says NOT_FOUND, the SDK throws NotFoundError', async (t) => {
+  const { pdk, cluster } = t.context;
+  const nc = await connect({ servers: cluster.url });
+  t.teardown(() => nc.close());
+  const id = 'sb-doesnotexist0000';
+  const err = await t.throwsAsync(nc.request(subjects.sandbox(id, 'exec'), encode({ cmd: ['true'] }), { timeout: 5000 }));
+  t.regex(String(err?.message), /no responders|503/i);
+  const r = await raw(nc, subjects.sandboxesGet, encode({ id }));
+  t.is(codeOf(r), 'NOT_FOUND');
+  await t.throwsAsync(pdk.sandboxes.get(id), { instanceOf: NotFoundError });
+  // An ended sandbox: the directory still tells how it ended.
+  const sb = await pdk.sandboxes.create({});
+  await sb.kill();
+  const ended = (await raw(nc, subjects.sandboxesGet, encode({ id: sb.id }))) as Reply<{ state: string }>;
+  t.true(ended.ok);
+  if (ended.ok) t.is(ended.result.state, 'stopped');
+});
+
+test.serial('sandboxes.list over raw NATS: filters by label, group, state and node, in pages', async (t) => {
+  const { pdk, cluster } = t.context;
+  const nc = await connect({ servers: cluster.url });
+  t.teardown(() => nc.close());
+  const job = `list-${Date.now().toString(36)}`;
+  const made: Sandbox[] = [];
+  for (let i = 0; i < 3; i++) made.push(await pdk.sandboxes.create({ labels: { job }, group: job }));
+  t.teardown(() => Promise.all(made.map((s) => s.kill())));
+  const page1 = (await raw(nc, subjects.sandboxesList, encode({ labels: { job }, limit: 2 }))) as Reply<{ sandboxes: Array<{ id: string }>; next?: string }>;
+  if (!page1.ok) return t.fail(page1.error.message);
+  t.is(page1.result.sandboxes.length, 2);
+  t.truthy(page1.result.next);
+  const page2 = (await raw(nc, subjects.sandboxesList, encode({ labels: { job }, limit: 2, cursor: page1.result.next }))) as Reply<{ sandboxes: Array<{ id: string }>; next?: string }>;
+  if (!page2.ok) return t.fail(page2.error.message);
+  t.deepEqual([...page1.result.sandboxes, ...page2.result.sandboxes].map((s) => s.id), made.map((s) => s.id));
+  t.is(page2.result.next, undefined);
+  t.is((await pdk.sandboxes.list({ group: job, node: made[0]?.info.node })).filter((s) => s.node === made[0]?.info.node).length, made.filter((s) => s.info.node === made[0]?.info.node).length);
+  t.deepEqual(await pdk.sandboxes.list({ group: job, state: ['paused'] }), []);
+  t.is(codeOf(await raw(nc, subjects.sandboxesList, encode({ state: ['sleeping'] }))), 'INVALID_REQUEST');
+  await t.throwsAsync(pdk.sandboxes.list({ group: job, signal: AbortSignal.abort() }), { instanceOf: CancelledError });
+});
+
+test.serial('a rollout over raw NATS: start, a step, attach with its recorded steps, export', async (t) => {
+  const { cluster } = t.context;
+  const nc = await connect({ servers: cluster.url });
+  t.teardown(() => nc.close());
+  const started = (await raw(nc, subjects.rollouts('start'), encode({ sandbox: { image: 'busybox' } }))) as Reply<{ rollout: { rolloutId: string; sandbox: string }; lastStep: number }>;
+  if (!started.ok) return t.fail(started.error.message);
+  const { rolloutId, sandbox } = started.result.rollout;
+  t.teardown(() => raw(nc, subjects.rollouts('delete'), encode({ rolloutId, kill: true })));
+  t.is(started.result.lastStep, -1);
+  t.is(codeOf(await raw(nc, subjects.rollouts('start'), encode({ rolloutId }))), 'ALREADY_EXISTS');
+  const step = (await raw(nc, subjects.sandbox(sandbox, 'exec'), encode({ cmd: ['echo', 'one'], rolloutId, step: 0 }))) as Reply<{ stdout: Uint8Array }>;
+  t.true(step.ok);
+  const attached = (await raw(nc, subjects.rollouts('attach'), encode({ rolloutId, prefetch: true }))) as Reply<{ lastStep: number; steps: Array<{ step: number; kind: string }>; sandbox: { id: string } }>;
+  if (!attached.ok) return t.fail(attached.error.message);
+  t.is(attached.result.lastStep, 0);
+  t.is(attached.result.sandbox.id, sandbox);
+  t.deepEqual(attached.result.steps.map((s) => [s.step, s.kind]), [[0, 'result']]);
+  const exported = (await raw(nc, subjects.rollouts('export'), encode({ rolloutId }))) as Reply<{ lines: string[] }>;
+  if (!exported.ok) return t.fail(exported.error.message);
+  t.is(JSON.parse(exported.result.lines[0] as string).stdout, 'one\n');
+  t.is(codeOf(await raw(nc, subjects.rollouts('attach'), encode({ rolloutId: 'no-such-rollout' }))), 'NOT_FOUND');
 });

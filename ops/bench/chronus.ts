@@ -117,7 +117,7 @@ async function measure(pdk: Paddock, o: Options): Promise<Results> {
     const execNode: number[] = [];
     const loggedNode: number[] = [];
     // The floor of a step's logging: the two JetStream writes it waits for (claim, then result), from here.
-    const js = jetstream(pdk.nc);
+    const js = jetstream(Paddock.connectionOf(pdk));
     const floorId = `${ro.rolloutId}-floor`;
     const record = new Uint8Array(300);
     const floor: number[] = [];

@@ -23,7 +23,7 @@ import { performance } from 'node:perf_hooks';
 import { decode, encode, type GroupReply, subjects } from '../../protocol/index.ts';
 import { loadConfig } from '../../runtime/config.ts';
 import { BUSYBOX_IMAGE } from '../../runtime/images/busybox.ts';
-import { PaddockError, type Sandbox } from '../../sdk/index.ts';
+import { Paddock, PaddockError, type Sandbox } from '../../sdk/index.ts';
 import {
   type BenchCluster,
   CLK_TCK,
@@ -255,7 +255,7 @@ interface GroupPhase {
 }
 
 async function nodeSandboxes(b: BenchCluster): Promise<number> {
-  const m = await b.pdk.nc.request(subjects.node(b.nodeId, 'info'), encode({}), { timeout: 60_000 });
+  const m = await Paddock.connectionOf(b.pdk).request(subjects.node(b.nodeId, 'info'), encode({}), { timeout: 60_000 });
   return (decode(m.data) as { ok: boolean; result: { sandboxes: number } }).result.sandboxes;
 }
 

@@ -1,0 +1,369 @@
+/**
+ * Every operation on the wire, described from the schema: its subject, request and reply
+ * messages, the errors it gives, its limits, the client timeout to use and whether to retry.
+ * From here come the JSON Schema document (protocol/schema.json: `npm run gen:protocol`) and the
+ * README's protocol table; test/protocol-schema.test.ts fails when either is out of date.
+ */
+import type { TSchema } from '@sinclair/typebox';
+import { type ErrorCode, ErrorCodes } from './errors.ts';
+import { Limits } from './limits.ts';
+import { NamedSchemas } from './schema.ts';
+
+const MiB = 1024 * 1024;
+const mib = (n: number) => `${n / MiB} MiB`;
+
+export interface Operation {
+  /** `<id>`, `<node>`, `<group>`, `<verb>` stand for subject tokens. */
+  subject: string;
+  /** A request-reply call, or a stream to the caller's inbox (exec with `stream: true`). */
+  kind: 'request' | 'stream';
+  /** Names in NamedSchemas. */
+  request: string;
+  reply: string;
+  /** What the reply is, in words, when its schema alone does not say. */
+  replyNote?: string;
+  errors: ErrorCode[];
+  limits: string;
+  /** What a client should wait for the reply. */
+  timeout: string;
+  retry: string;
+  /** Queue group: any one replica answers. */
+  queue?: string;
+}
+
+const sbErrors: ErrorCode[] = ['INVALID_REQUEST', 'NOT_FOUND', 'INVALID_STATE', 'UNKNOWN_VERB'];
+const REQ = `request ≤ ${mib(Limits.requestBytesMax)}`;
+
+export const Operations: Operation[] = [
+  {
+    subject: 'pdk.v1.place.create',
+    kind: 'request',
+    request: 'CreateRequest',
+    reply: 'CreateReply',
+    errors: ['INVALID_REQUEST', 'INVALID_SPEC', 'PAYLOAD_TOO_LARGE', 'NO_CAPACITY', 'TIMEOUT', 'BACKEND_FAILED'],
+    limits: `request ≤ ${Limits.createBytesMax / 1024} KiB`,
+    timeout: '130 s (a node waits up to 120 s for an image)',
+    retry: 'NO_CAPACITY, TIMEOUT, BACKEND_FAILED: back off and retry with the same `id`',
+    queue: 'pdk-placement',
+  },
+  {
+    subject: 'pdk.v1.sandboxes.list',
+    kind: 'request',
+    request: 'SandboxesListRequest',
+    reply: 'SandboxesListReply',
+    replyNote: 'a page; pass `next` as `cursor` until it is absent',
+    errors: ['INVALID_REQUEST', 'UNAVAILABLE'],
+    limits: `${Limits.list.default} per page by default (≤ ${Limits.list.max}), and at most one NATS message`,
+    timeout: '10 s per page',
+    retry: 'safe to retry',
+    queue: 'pdk-placement',
+  },
+  {
+    subject: 'pdk.v1.sandboxes.get',
+    kind: 'request',
+    request: 'SandboxesGetRequest',
+    reply: 'SandboxInfo',
+    replyNote: 'the live record, or the directory’s for an ended sandbox',
+    errors: ['INVALID_REQUEST', 'NOT_FOUND', 'UNAVAILABLE'],
+    limits: '',
+    timeout: '10 s',
+    retry: 'safe to retry',
+    queue: 'pdk-placement',
+  },
+  {
+    subject: 'pdk.v1.sb.<id>.info',
+    kind: 'request',
+    request: 'Empty',
+    reply: 'SandboxInfo',
+    errors: ['NOT_FOUND'],
+    limits: '',
+    timeout: '10 s',
+    retry: 'safe to retry',
+  },
+  {
+    subject: 'pdk.v1.sb.<id>.exec',
+    kind: 'request',
+    request: 'ExecRequest',
+    reply: 'ExecResult',
+    errors: [...sbErrors, 'PAYLOAD_TOO_LARGE', 'REPLAY_MISMATCH', 'STEP_CONFLICT', 'STEP_OUT_OF_ORDER', 'UNKNOWN_OUTCOME', 'BACKEND_FAILED'],
+    limits: `${REQ}; stdin ≤ ${mib(Limits.exec.stdinMax)}; 2 × maxOutputBytes + 64 KiB must fit the server's max_payload (else stream)`,
+    timeout: 'timeoutMs + 10 s',
+    retry: 'not idempotent: retry only as a rollout step (rolloutId + step), which replays; STEP_CONFLICT: wait and ask again',
+  },
+  {
+    subject: 'pdk.v1.sb.<id>.exec (stream: true)',
+    kind: 'stream',
+    request: 'ExecRequest',
+    reply: 'ExecEvent',
+    replyNote: 'to the reply inbox: `{t:"out"|"err", d}` chunks, then one `{t:"exit", …}`; a failure is `{t:"error"}` or a `{ok:false}` reply; no flow control',
+    errors: [...sbErrors, 'PAYLOAD_TOO_LARGE', 'BACKEND_FAILED'],
+    limits: `${REQ}; each chunk ≤ one NATS message; not with rolloutId`,
+    timeout: 'timeoutMs + 10 s of silence',
+    retry: 'not idempotent; leaving early: send exec.cancel with the execId',
+  },
+  {
+    subject: 'pdk.v1.sb.<id>.exec.cancel',
+    kind: 'request',
+    request: 'ExecCancelRequest',
+    reply: 'ExecCancelReply',
+    errors: ['INVALID_REQUEST', 'NOT_FOUND'],
+    limits: '',
+    timeout: '10 s',
+    retry: 'safe to retry',
+  },
+  {
+    subject: 'pdk.v1.sb.<id>.files.read',
+    kind: 'request',
+    request: 'FilesReadRequest',
+    reply: 'FilesReadReply',
+    replyNote: `at most ${mib(Limits.files.chunkMax)} of data per call: read on from offset + data.length until eof`,
+    errors: [...sbErrors, 'FORBIDDEN'],
+    limits: `length ≤ ${mib(Limits.files.chunkMax)} per call`,
+    timeout: '60 s',
+    retry: 'safe to retry',
+  },
+  {
+    subject: 'pdk.v1.sb.<id>.files.write',
+    kind: 'request',
+    request: 'FilesWriteRequest',
+    reply: 'FilesWriteReply',
+    errors: [...sbErrors, 'FORBIDDEN', 'DISK_LIMIT', 'PAYLOAD_TOO_LARGE', 'REPLAY_MISMATCH', 'STEP_CONFLICT'],
+    limits: `data ≤ ${mib(Limits.files.chunkMax)} per call: larger files in parts with offset`,
+    timeout: '60 s',
+    retry: 'idempotent with an offset; a whole-file write replaces again',
+  },
+  {
+    subject: 'pdk.v1.sb.<id>.files.list',
+    kind: 'request',
+    request: 'FilesListRequest',
+    reply: 'FilesListReply',
+    errors: [...sbErrors, 'FORBIDDEN'],
+    limits: '',
+    timeout: '60 s',
+    retry: 'safe to retry',
+  },
+  {
+    subject: 'pdk.v1.sb.<id>.files.remove',
+    kind: 'request',
+    request: 'FilesRemoveRequest',
+    reply: 'Empty',
+    errors: [...sbErrors, 'FORBIDDEN'],
+    limits: '',
+    timeout: '60 s',
+    retry: 'safe to retry (NOT_FOUND the second time)',
+  },
+  {
+    subject: 'pdk.v1.sb.<id>.pause | hibernate',
+    kind: 'request',
+    request: 'LifecycleRequest',
+    reply: 'SandboxInfo',
+    errors: [...sbErrors, 'BACKEND_FAILED'],
+    limits: '',
+    timeout: '60 s',
+    retry: 'INVALID_STATE when already there; BACKEND_FAILED: retry',
+  },
+  {
+    subject: 'pdk.v1.sb.<id>.resume | restore',
+    kind: 'request',
+    request: 'Empty',
+    reply: 'SandboxInfo',
+    errors: [...sbErrors, 'BACKEND_FAILED'],
+    limits: '',
+    timeout: '60 s',
+    retry: 'INVALID_STATE when already running; BACKEND_FAILED: retry',
+  },
+  {
+    subject: 'pdk.v1.sb.<id>.kill',
+    kind: 'request',
+    request: 'KillRequest',
+    reply: 'SandboxInfo',
+    errors: ['NOT_FOUND'],
+    limits: '',
+    timeout: '60 s',
+    retry: 'safe to retry: no responders afterwards means it is gone',
+  },
+  {
+    subject: 'pdk.v1.sb.<id>.network.set',
+    kind: 'request',
+    request: 'NetworkSetRequest',
+    reply: 'NetworkSetReply',
+    errors: [...sbErrors],
+    limits: `≤ ${Limits.network.allowMax} allow, ${Limits.network.domainsMax} domains, ${Limits.network.portsMax} ports`,
+    timeout: '10 s',
+    retry: 'safe to retry',
+  },
+  {
+    subject: 'pdk.v1.group.<group>.<verb>',
+    kind: 'request',
+    request: 'Empty',
+    reply: 'GroupReply',
+    replyNote: 'verb: pause, resume, hibernate, restore or kill; summed over every node',
+    errors: ['INVALID_REQUEST', 'UNKNOWN_VERB'],
+    limits: '',
+    timeout: '610 s (killing thousands takes minutes)',
+    retry: 'safe to retry: sandboxes already there count as done',
+    queue: 'pdk-placement',
+  },
+  {
+    subject: 'pdk.v1.rollouts.start',
+    kind: 'request',
+    request: 'RolloutsStartRequest',
+    reply: 'RolloutView',
+    errors: ['INVALID_REQUEST', 'INVALID_SPEC', 'ALREADY_EXISTS', 'NO_CAPACITY', 'UNAVAILABLE'],
+    limits: '',
+    timeout: '140 s (it creates a sandbox)',
+    retry: 'with the same rolloutId: ALREADY_EXISTS means it was started — attach',
+    queue: 'pdk-placement',
+  },
+  {
+    subject: 'pdk.v1.rollouts.attach',
+    kind: 'request',
+    request: 'RolloutsAttachRequest',
+    reply: 'RolloutView',
+    replyNote: 'with prefetch, the last record of each step (first page; `next` → rollouts.steps)',
+    errors: ['INVALID_REQUEST', 'NOT_FOUND', 'UNAVAILABLE'],
+    limits: 'steps: at most one NATS message per page',
+    timeout: '60 s',
+    retry: 'safe to retry',
+    queue: 'pdk-placement',
+  },
+  {
+    subject: 'pdk.v1.rollouts.get',
+    kind: 'request',
+    request: 'RolloutsGetRequest',
+    reply: 'RolloutRecord',
+    errors: ['INVALID_REQUEST', 'NOT_FOUND', 'UNAVAILABLE'],
+    limits: '',
+    timeout: '10 s',
+    retry: 'safe to retry',
+    queue: 'pdk-placement',
+  },
+  {
+    subject: 'pdk.v1.rollouts.steps',
+    kind: 'request',
+    request: 'RolloutsStepsRequest',
+    reply: 'RolloutsStepsReply',
+    errors: ['INVALID_REQUEST', 'NOT_FOUND', 'UNAVAILABLE'],
+    limits: 'one NATS message per page (whole steps)',
+    timeout: '60 s',
+    retry: 'safe to retry',
+    queue: 'pdk-placement',
+  },
+  {
+    subject: 'pdk.v1.rollouts.export',
+    kind: 'request',
+    request: 'RolloutsExportRequest',
+    reply: 'RolloutsExportReply',
+    errors: ['INVALID_REQUEST', 'NOT_FOUND', 'UNAVAILABLE'],
+    limits: 'one NATS message per page',
+    timeout: '60 s',
+    retry: 'safe to retry',
+    queue: 'pdk-placement',
+  },
+  {
+    subject: 'pdk.v1.rollouts.delete',
+    kind: 'request',
+    request: 'RolloutsDeleteRequest',
+    reply: 'RolloutsDeleteReply',
+    errors: ['INVALID_REQUEST', 'UNAVAILABLE'],
+    limits: '',
+    timeout: '60 s',
+    retry: 'safe to retry',
+    queue: 'pdk-placement',
+  },
+  {
+    subject: 'pdk.v1.fn.invoke',
+    kind: 'request',
+    request: 'FnInvokeRequest',
+    reply: 'FnInvokeResult',
+    errors: ['INVALID_REQUEST', 'INVALID_SPEC', 'PAYLOAD_TOO_LARGE', 'BUSY', 'UNAVAILABLE'],
+    limits: `${REQ}; ≤ ${Limits.fn.tests} tests, ${Limits.fn.files} files`,
+    timeout: 'wallMs × tests + 10 s',
+    retry: 'BUSY: after detail.retryAfterMs; a run has no side effects outside its sandbox',
+    queue: 'pdk-fn',
+  },
+];
+
+/** Which payload fields are bytes, and how they travel. */
+const BYTES_NOTE = 'bytes: MessagePack bin on NATS; base64 (contentEncoding) in JSON';
+
+// biome-ignore lint/suspicious/noExplicitAny: JSON Schema is untyped JSON
+type Json = any;
+
+/** A TypeBox schema as portable JSON Schema: bytes as base64 strings, `$ref`s into `$defs`, defaults not required. */
+function portable(schema: TSchema, top: boolean): Json {
+  const s: Json = JSON.parse(JSON.stringify(schema));
+  const walk = (n: Json, isTop: boolean): Json => {
+    if (Array.isArray(n)) return n.map((x) => walk(x, false));
+    if (typeof n !== 'object' || n === null) return n;
+    if (!isTop && typeof n.$id === 'string' && NamedSchemas[n.$id]) return { $ref: `#/$defs/${n.$id}` };
+    const out: Json = {};
+    for (const [k, v] of Object.entries(n)) {
+      if (k === 'errorMessage' || k === '$id') continue;
+      if (k === 'errorCode') out['x-error-code'] = v;
+      else if (k === '$ref') out.$ref = `#/$defs/${v}`;
+      else out[k] = walk(v, false);
+    }
+    if (out.type === 'Uint8Array') {
+      out.type = 'string';
+      out.contentEncoding = 'base64';
+      out['x-bytes'] = true;
+      if (out.maxByteLength !== undefined) {
+        out['x-max-bytes'] = out.maxByteLength;
+        delete out.maxByteLength;
+      }
+    }
+    if (out.type === 'object' && Array.isArray(out.required) && out.properties) {
+      const required = out.required.filter((k: string) => out.properties[k]?.default === undefined);
+      if (required.length > 0) out.required = required;
+      else delete out.required;
+    }
+    return out;
+  };
+  return walk(s, top);
+}
+
+/** The JSON Schema document of the protocol: every message under `$defs`, every operation under `x-operations`. */
+export function protocolJsonSchema(): Json {
+  const defs: Json = {};
+  for (const [name, schema] of Object.entries(NamedSchemas)) defs[name] = portable(schema, true);
+  return {
+    $schema: 'https://json-schema.org/draft/2020-12/schema',
+    $id: 'https://paddock.dev/protocol/v1/schema.json',
+    title: 'Paddock wire protocol v1',
+    description: `Every payload is a MessagePack map (msgpack with plain maps); a reply is {ok: true, result} or {ok: false, error: WireError}. ${BYTES_NOTE}. Generated from protocol/schema.ts: do not edit.`,
+    'x-envelope': { ok: { ok: true, result: '<reply>' }, error: { ok: false, error: { $ref: '#/$defs/WireError' } } },
+    'x-error-codes': ErrorCodes,
+    'x-limits': { requestBytes: Limits.requestBytesMax, createBytes: Limits.createBytesMax, fileChunkBytes: Limits.files.chunkMax, stdinBytes: Limits.exec.stdinMax, natsMaxPayloadNeeded: Limits.requestBytesMax + MiB },
+    'x-operations': Operations,
+    $defs: defs,
+  };
+}
+
+const cell = (s: string) => s.replace(/\|/g, '\\|');
+
+/** The README's per-verb table (between the `protocol-table` markers). */
+export function protocolTable(): string {
+  const rows = Operations.map((o) => {
+    const reply = `\`${o.reply}\`${o.replyNote ? `: ${o.replyNote}` : ''}`;
+    return `| \`${cell(o.subject)}\`${o.queue ? ` (any of \`${o.queue}\`)` : ''} | \`${o.request}\` | ${cell(reply)} | ${o.errors.map((e) => `\`${e}\``).join(' ')} | ${cell(o.limits || '—')} | ${cell(o.timeout)} | ${cell(o.retry)} |`;
+  });
+  return [
+    '| subject | request | reply | errors | limits | client timeout | retry |',
+    '| --- | --- | --- | --- | --- | --- | --- |',
+    ...rows,
+    '',
+    `Field by field, with types, bounds and defaults: \`protocol/schema.json\` (generated from \`protocol/schema.ts\`; ${BYTES_NOTE}).`,
+  ].join('\n');
+}
+
+export const TABLE_BEGIN = '<!-- protocol-table:begin (generated by `npm run gen:protocol`; do not edit) -->';
+export const TABLE_END = '<!-- protocol-table:end -->';
+
+/** `readme` with its protocol table replaced by the current one. */
+export function withProtocolTable(readme: string): string {
+  const a = readme.indexOf(TABLE_BEGIN);
+  const b = readme.indexOf(TABLE_END);
+  if (a < 0 || b < a) throw new Error('README has no protocol-table markers');
+  return `${readme.slice(0, a + TABLE_BEGIN.length)}\n${protocolTable()}\n${readme.slice(b)}`;
+}

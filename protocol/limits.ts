@@ -1,0 +1,47 @@
+/**
+ * Every numeric bound of the protocol, in one place: the schema (protocol/schema.ts) takes its
+ * minimums, maximums and defaults from here, and so do the servers that enforce sizes before
+ * decoding and the SDK that splits large transfers.
+ */
+export const Limits = {
+  cpu: { min: 0.01, max: 64, default: 1 },
+  memoryMiB: { min: 16, max: 256 * 1024, default: 256 },
+  pidsLimit: { min: 8, max: 65536, default: 1024 },
+  diskMiB: { min: 16, max: 256 * 1024, default: 512 },
+  ttlSec: { min: 1, max: 7 * 24 * 3600, default: 3600 },
+  idleTimeoutSec: { min: 1, max: 7 * 24 * 3600, default: 0 },
+  network: { allowMax: 256, domainsMax: 256, portsMax: 64, domainMax: 253 },
+  labels: { max: 64, keyMax: 63, valueMax: 256 },
+  env: { max: 512, bytesMax: 128 * 1024 },
+  exec: {
+    argsMax: 65536,
+    argBytesMax: 1024 * 1024,
+    timeoutMs: { min: 1, max: 24 * 3600 * 1000, default: 60_000 },
+    maxOutputBytes: { min: 0, max: 64 * 1024 * 1024, default: 1024 * 1024 },
+    stdinMax: 4 * 1024 * 1024,
+  },
+  files: { pathMax: 4096, chunkMax: 4 * 1024 * 1024 },
+  /** Largest request accepted before decoding: a sandbox verb (a 4 MiB file chunk or stdin + room). */
+  requestBytesMax: 6 * 1024 * 1024,
+  /** Largest create request (a spec is small; env and labels bound it). */
+  createBytesMax: 512 * 1024,
+  /** Directory listings: sandboxes per page (a page also stays under the reply size the server can send). */
+  list: { max: 5000, default: 1000 },
+  rollout: {
+    /** How long a rollout's log is kept after its last record, unless the rollout says otherwise. */
+    retentionSec: { default: 7 * 24 * 3600 },
+  },
+  /** FnCall invocations (the whole request also stays under requestBytesMax). */
+  fn: {
+    timeMs: { min: 1, max: 60_000, default: 2000 },
+    wallMs: { min: 1, max: 600_000 },
+    memoryMiB: { min: 16, max: 8192, default: 256 },
+    outputBytes: { min: 0, max: 4 * 1024 * 1024, default: 1024 * 1024 },
+    tests: 512,
+    files: 256,
+    pathMax: 255,
+    args: 256,
+    /** Each test's stdout and stderr in the reply are cut to this (the judge saw all of it). */
+    testPreviewBytes: 4096,
+  },
+} as const;

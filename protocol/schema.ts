@@ -1,0 +1,524 @@
+/**
+ * The schema of every message on the wire, defined once with TypeBox: each field's type, whether
+ * it is bytes (MessagePack `bin`), its limits and its default. From these come the validators
+ * (validate.ts), the TypeScript types the SDK and the servers use (messages.ts), the JSON Schema
+ * a gateway or a Python client reads (api.ts → protocol/schema.json) and the README's table.
+ *
+ * Options beyond JSON Schema that the validator reads: `errorMessage` (what a person is told when
+ * the field is wrong; `{value}` is the value sent) and `errorCode` (a code other than the
+ * message's default, e.g. PAYLOAD_TOO_LARGE for a byte field past its size).
+ */
+import { type Static, type TSchema, Type } from '@sinclair/typebox';
+import { type ErrorCode, ErrorCodes } from './errors.ts';
+import { Limits } from './limits.ts';
+
+const range = (r: { min: number; max: number }) => ({ minimum: r.min, maximum: r.max });
+const literals = <T extends string>(values: readonly T[], opts: Record<string, unknown> = {}) => Type.Union(values.map((v) => Type.Literal(v)) as never as [ReturnType<typeof Type.Literal<T>>], opts);
+
+// ─── Names and enums ────────────────────────────────────────────────────────────────────────────
+
+export const Backends = ['container', 'fncall', 'microvm', 'fullvm'] as const;
+export type BackendKind = (typeof Backends)[number];
+
+/** Lifecycle states of a sandbox, as published in events and the directory. */
+export const SandboxStates = ['creating', 'running', 'pausing', 'paused', 'resuming', 'hibernating', 'hibernated', 'restoring', 'stopping', 'stopped', 'failed'] as const;
+export type SandboxState = (typeof SandboxStates)[number];
+
+export const IdleActions = ['pause', 'hibernate', 'kill'] as const;
+export type IdleAction = (typeof IdleActions)[number];
+export const QosClasses = ['ls', 'be'] as const;
+export type QosClass = (typeof QosClasses)[number];
+export const EndReasons = ['killed', 'ttl', 'idle', 'create_failed', 'node_restarted', 'crashed'] as const;
+export type EndReason = (typeof EndReasons)[number];
+
+/**
+ * How an exec ended: `OK` when it ran to its own end, else the limit that stopped it (the exit
+ * code then tells what the process saw). Counter-based verdicts (pids, memory) cover the whole
+ * sandbox during the exec, so two concurrent execs may both see one limit hit.
+ */
+/**
+ * How an exec ended: `OK` when it ran to its own end, else the limit that stopped it (the exit
+ * code then tells what the process saw). Counter-based verdicts (pids, memory) cover the whole
+ * sandbox during the exec, so two concurrent execs may both see one limit hit. `CANCELLED`: the
+ * caller cancelled it (exec.cancel, or a stream given up); `KILLED`: its sandbox was killed, or
+ * ended, while it ran.
+ */
+export const ExecVerdicts = ['OK', 'TIMEOUT', 'OUTPUT_LIMIT', 'MEMORY_LIMIT', 'PIDS_LIMIT', 'DISK_LIMIT', 'CANCELLED', 'KILLED'] as const;
+export type ExecVerdict = (typeof ExecVerdicts)[number];
+
+export const GroupVerbs = ['pause', 'resume', 'hibernate', 'restore', 'kill'] as const;
+export type GroupVerb = (typeof GroupVerbs)[number];
+
+/** FnCall (`pdk.v1.fn.invoke`): languages served from warm pools. */
+export const FnLanguages = ['python', 'c', 'cpp', 'bash'] as const;
+export type FnLanguage = (typeof FnLanguages)[number];
+/** How one run of a program ended, judge style. */
+export const FnVerdicts = ['OK', 'WRONG_ANSWER', 'TIME_LIMIT', 'MEMORY_LIMIT', 'OUTPUT_LIMIT', 'RUNTIME_ERROR', 'COMPILE_ERROR'] as const;
+export type FnVerdict = (typeof FnVerdicts)[number];
+/** Output against `expected`: byte for byte, line by line ignoring trailing blanks, or whitespace-separated tokens. */
+export const FnCompareModes = ['exact', 'lines', 'tokens'] as const;
+export type FnCompareMode = (typeof FnCompareModes)[number];
+
+// ─── Building blocks ────────────────────────────────────────────────────────────────────────────
+
+/** Ids become subject tokens: a safe alphabet, so no id can inject a wildcard or a dot. */
+export const TOKEN_PATTERN = '^[A-Za-z0-9_-]{1,64}$';
+const IMAGE_PATTERN = '^[a-z0-9][a-z0-9._-]{0,127}(:[A-Za-z0-9._-]{1,128})?$';
+const NO_NUL = '^[^\\u0000]*$';
+
+export const Token = (description: string, errorMessage = 'must be 1-64 characters of [A-Za-z0-9_-]') => Type.String({ pattern: TOKEN_PATTERN, description, errorMessage });
+const ImageName = (description: string) => Type.String({ pattern: IMAGE_PATTERN, description, errorMessage: 'bad image name {value}' });
+const AbsPath = (description: string) => Type.String({ pattern: `^/${NO_NUL.slice(1)}`, maxLength: Limits.files.pathMax, description, errorMessage: 'must be an absolute path' });
+/** A path inside a sandbox as given by the caller: absolute, bounded, no NUL. */
+export const SandboxPath = Type.String({ pattern: `^/${NO_NUL.slice(1)}`, minLength: 1, maxLength: Limits.files.pathMax, description: 'absolute path inside the sandbox', errorMessage: 'must be an absolute path without NUL' });
+/** Bytes: MessagePack `bin` on NATS (base64 in JSON). */
+const Bytes = (description: string, maxByteLength?: number) =>
+  Type.Uint8Array({ description, ...(maxByteLength !== undefined ? { maxByteLength, errorCode: 'PAYLOAD_TOO_LARGE' satisfies ErrorCode } : {}), errorMessage: 'must be bytes' });
+/** Text or bytes (a string is taken as its UTF-8 bytes). */
+const TextOrBytes = (description: string) => Type.Union([Type.String(), Type.Uint8Array()], { description, errorMessage: 'must be a string or bytes' });
+const Count = (description: string, max = Number.MAX_SAFE_INTEGER) => Type.Integer({ minimum: 0, maximum: max, description });
+const Ms = (description: string) => Type.Number({ description });
+
+const Labels = Type.Record(Type.String({ pattern: `^[A-Za-z0-9][A-Za-z0-9_./-]{0,${Limits.labels.keyMax - 1}}$` }), Type.String({ maxLength: Limits.labels.valueMax }), {
+  additionalProperties: false,
+  maxProperties: Limits.labels.max,
+  default: {},
+  description: `string → string, at most ${Limits.labels.max}; keys [A-Za-z0-9][A-Za-z0-9_./-]*`,
+});
+const envRecord = (extra: Record<string, unknown>) =>
+  Type.Record(Type.String({ pattern: '^[A-Za-z_][A-Za-z0-9_]{0,255}$' }), Type.String({ maxLength: Limits.env.bytesMax }), {
+    additionalProperties: false,
+    maxProperties: Limits.env.max,
+    description: `NAME → value, at most ${Limits.env.max} entries and ${Limits.env.bytesMax} bytes together`,
+    ...extra,
+  });
+/** Environment variables; all of them together at most Limits.env.bytesMax bytes (checked beside the schema). */
+export const Env = envRecord({});
+
+export const WireErrorSchema = Type.Object(
+  {
+    code: Type.Unsafe<ErrorCode>(Type.String({ enum: Object.keys(ErrorCodes) })),
+    message: Type.String(),
+    retryable: Type.Boolean(),
+    fault: Type.Optional(Type.Unsafe<'user' | 'system'>(Type.String({ enum: ['user', 'system'], description: "whose move it is: the caller's (`user`) or the platform's (`system`)" }))),
+    detail: Type.Optional(Type.Record(Type.String(), Type.Unknown(), { description: 'machine-readable detail, e.g. `field`' })),
+  },
+  { $id: 'WireError', description: 'An error reply: a stable code, a message a person can act on, and whether a retry may help' },
+);
+
+// ─── Sandboxes ──────────────────────────────────────────────────────────────────────────────────
+
+/**
+ * Where a sandbox may connect. Everything not listed is refused, and so is the node itself, other
+ * sandboxes and NATS unless listed. Names in `domains` resolve through the node's DNS filter only;
+ * each address it answers becomes reachable on `ports` for the record's TTL.
+ */
+export const NetworkPolicy = Type.Object(
+  {
+    allow: Type.Optional(Type.Array(Type.String({ maxLength: 64 }), { maxItems: Limits.network.allowMax, description: '`CIDR`, `CIDR:port` or `CIDR:lo-hi` (IPv4), e.g. `198.18.0.0/24:443`' })),
+    domains: Type.Optional(Type.Array(Type.String({ maxLength: Limits.network.domainMax }), { maxItems: Limits.network.domainsMax, description: 'exact names or `*.suffix`, e.g. `pypi.org`' })),
+    ports: Type.Optional(Type.Array(Type.Integer({ minimum: 1, maximum: 65535 }), { maxItems: Limits.network.portsMax, description: 'ports reachable on addresses found through `domains` (default 80 and 443)' })),
+  },
+  { $id: 'NetworkPolicy', additionalProperties: false },
+);
+export type NetworkPolicy = Static<typeof NetworkPolicy>;
+
+/** What a trainer asks for. Fields with a default may be left out. */
+export const SandboxSpec = Type.Object(
+  {
+    backend: literals(Backends, { default: 'container', errorMessage: `unknown backend {value}; known: ${Backends.join(', ')}` }),
+    image: Type.String({ pattern: IMAGE_PATTERN, default: 'busybox', errorMessage: 'bad image name {value}', description: 'the base image: its layers at the bottom, its init, user and environment' }),
+    toolkit: Type.Optional(ImageName('an image whose layers go above the base (a toolchain)')),
+    workspace: Type.Optional(ImageName("an image whose layers go on top (the task's files); its cwd, if not `/`, becomes the sandbox's")),
+    cpu: Type.Number({ ...range(Limits.cpu), default: Limits.cpu.default, description: 'CPU cores (fractions allowed): a CFS quota' }),
+    memoryMiB: Type.Integer({ ...range(Limits.memoryMiB), default: Limits.memoryMiB.default }),
+    pidsLimit: Type.Integer({ ...range(Limits.pidsLimit), default: Limits.pidsLimit.default, description: 'maximum number of processes' }),
+    diskMiB: Type.Optional(Type.Integer({ ...range(Limits.diskMiB), description: `size of the writable layer (absent: ${Limits.diskMiB.default})` })),
+    network: Type.Optional(NetworkPolicy),
+    ttlSec: Type.Number({ ...range(Limits.ttlSec), default: Limits.ttlSec.default, description: 'maximum lifetime; the sandbox is killed (reason `ttl`) when it elapses' }),
+    labels: Labels,
+    env: envRecord({ default: {} }),
+    cwd: Type.Optional(AbsPath('default working directory for exec')),
+    group: Type.Optional(Token('training job this sandbox belongs to')),
+    node: Type.Optional(Token('pin to a node (placement skips scoring)', 'must be a node id')),
+    idleTimeoutSec: Type.Optional(Type.Number({ ...range(Limits.idleTimeoutSec), description: 'no exec or file call for this long → `idleAction`; absent: never idles out' })),
+    idleAction: literals(IdleActions, { default: 'pause', errorMessage: `must be one of ${IdleActions.join(', ')}, got {value}` }),
+    qos: literals(QosClasses, { default: 'ls', errorMessage: `must be one of ${QosClasses.join(', ')}, got {value}`, description: '`ls` latency-sensitive or `be` best-effort (SCHED_IDLE, low weight)' }),
+    autoResume: Type.Boolean({ default: true, description: 'exec and file calls on a paused or hibernated sandbox wake it first, or fail with INVALID_STATE' }),
+  },
+  { $id: 'SandboxSpec', additionalProperties: false, errorMessage: 'must be a map' },
+);
+export type SandboxSpec = Static<typeof SandboxSpec>;
+
+/** The sandbox as the directory and `info` report it. */
+export const SandboxInfo = Type.Object(
+  {
+    id: Type.String(),
+    node: Type.String(),
+    state: literals(SandboxStates),
+    backend: literals(Backends),
+    image: Type.String(),
+    cpu: Type.Number(),
+    memoryMiB: Type.Number(),
+    labels: Type.Record(Type.String(), Type.String()),
+    group: Type.Optional(Type.String()),
+    qos: literals(QosClasses),
+    idleTimeoutSec: Type.Optional(Type.Number()),
+    idleAction: literals(IdleActions),
+    createdAt: Ms('ms since the epoch'),
+    expiresAt: Ms('when the TTL kills it (ms since the epoch)'),
+    endedAt: Type.Optional(Ms('ms since the epoch')),
+    reason: Type.Optional(literals(EndReasons, { description: 'why it reached a final state' })),
+    sleepReason: Type.Optional(Type.String({ description: 'why it last went to sleep: `idle`, `pressure`, `group`, or `requested`' })),
+    released: Type.Optional(Type.Object({ bytes: Type.Number(), swapped: Type.Boolean() }, { description: 'what the last hibernation gave back to the node' })),
+    error: Type.Optional(WireErrorSchema),
+  },
+  { $id: 'SandboxInfo' },
+);
+export type SandboxInfo = Static<typeof SandboxInfo>;
+
+export const CreateRequest = Type.Object(
+  {
+    spec: Type.Optional(Type.Unsafe<Partial<SandboxSpec>>(Type.Ref('SandboxSpec'))),
+    id: Type.Optional(Token('the new sandbox id (default: a fresh `sb-…`)')),
+  },
+  { $id: 'CreateRequest' },
+);
+export type CreateRequest = { spec?: Partial<SandboxSpec>; id?: string };
+export const CreateReply = Type.Object({ sandbox: SandboxInfo }, { $id: 'CreateReply' });
+export type CreateReply = Static<typeof CreateReply>;
+
+/** `why` a lifecycle verb is asked (shown as `sleepReason`). */
+export const LifecycleRequest = Type.Object({ why: Type.Optional(Type.String({ pattern: '^[a-z_-]{1,32}$' })) }, { $id: 'LifecycleRequest' });
+export const KillRequest = Type.Object({ reason: Type.Optional(Type.String()) }, { $id: 'KillRequest' });
+export type KillRequest = Static<typeof KillRequest>;
+export const Empty = Type.Object({}, { $id: 'Empty' });
+
+// ─── Exec ───────────────────────────────────────────────────────────────────────────────────────
+
+const RolloutStep = {
+  rolloutId: Type.Optional(Token('command log: record this call as a step of this rollout (with `step`)')),
+  step: Type.Optional(Type.Integer({ minimum: 0, description: 'command log: the step number, from 0 (with `rolloutId`)' })),
+};
+
+export const ExecRequest = Type.Object(
+  {
+    cmd: Type.Array(Type.String({ pattern: NO_NUL, errorMessage: 'every argument must be a string without NUL' }), {
+      minItems: 1,
+      maxItems: Limits.exec.argsMax,
+      errorMessage: 'must be a non-empty array of strings',
+      description: `argv; at most ${Limits.exec.argsMax} arguments, ${Limits.exec.argBytesMax} bytes together`,
+    }),
+    cwd: Type.Optional(AbsPath('working directory (default: the spec’s, or the image’s)')),
+    env: Type.Optional(Env),
+    stdin: Type.Optional(Bytes('standard input', Limits.exec.stdinMax)),
+    timeoutMs: Type.Number({ ...range(Limits.exec.timeoutMs), default: Limits.exec.timeoutMs.default }),
+    maxOutputBytes: Type.Optional(Type.Integer({ ...range(Limits.exec.maxOutputBytes), description: 'cap on stdout and on stderr, each (default: the node’s, 1 MiB); past it the process tree is killed' })),
+    stream: Type.Optional(Type.Boolean({ description: 'stream output to the reply inbox as `{t,d}` events ending with `exit`' })),
+    execId: Type.Optional(Token('names a streamed exec so that `exec.cancel` can stop it')),
+    ...RolloutStep,
+  },
+  { $id: 'ExecRequest' },
+);
+export type ExecRequest = Omit<Static<typeof ExecRequest>, 'timeoutMs'> & { timeoutMs?: number };
+
+export const ExecResult = Type.Object(
+  {
+    verdict: literals(ExecVerdicts),
+    exitCode: Type.Integer(),
+    signal: Type.Optional(Type.String({ description: 'set when a signal ended the process (exitCode is then 128 + its number)' })),
+    stdout: Bytes('standard output (cut at maxOutputBytes)'),
+    stderr: Bytes('standard error (cut at maxOutputBytes)'),
+    durationMs: Type.Number(),
+    truncated: Type.Boolean(),
+    timedOut: Type.Boolean(),
+    replayed: Type.Optional(Type.Boolean({ description: 'command log: the step was already recorded; this is its recorded result and nothing ran' })),
+  },
+  { $id: 'ExecResult' },
+);
+export type ExecResult = Static<typeof ExecResult>;
+
+const ExitFields = { exitCode: Type.Integer(), signal: Type.Optional(Type.String()), durationMs: Type.Number(), truncated: Type.Boolean(), timedOut: Type.Boolean(), verdict: literals(ExecVerdicts) };
+/** One message of a streamed exec, on the caller's inbox. `exit` is always last; `error` replaces it on failure. */
+export const ExecEvent = Type.Union(
+  [
+    Type.Object({ t: Type.Literal('out'), d: Bytes('a chunk of stdout') }),
+    Type.Object({ t: Type.Literal('err'), d: Bytes('a chunk of stderr') }),
+    Type.Object({ t: Type.Literal('exit'), ...ExitFields }),
+    Type.Object({ t: Type.Literal('error'), error: WireErrorSchema }),
+  ],
+  { $id: 'ExecEvent' },
+);
+export type ExecEvent = Static<typeof ExecEvent>;
+
+export const ExecCancelRequest = Type.Object({ execId: Token('the execId the streamed exec was started with') }, { $id: 'ExecCancelRequest' });
+export type ExecCancelRequest = Static<typeof ExecCancelRequest>;
+export const ExecCancelReply = Type.Object({ cancelled: Type.Boolean({ description: 'false: no exec of that id runs (it ended, or never was)' }) }, { $id: 'ExecCancelReply' });
+
+// ─── Files ──────────────────────────────────────────────────────────────────────────────────────
+
+export const FilesReadRequest = Type.Object(
+  { path: SandboxPath, offset: Type.Optional(Count('where to start')), length: Type.Optional(Count(`how much to read (at most ${Limits.files.chunkMax} per call)`)) },
+  { $id: 'FilesReadRequest' },
+);
+export type FilesReadRequest = Static<typeof FilesReadRequest>;
+export const FilesReadReply = Type.Object({ data: Bytes('the bytes read'), size: Type.Integer({ description: 'size of the whole file' }), eof: Type.Boolean() }, { $id: 'FilesReadReply' });
+export type FilesReadReply = Static<typeof FilesReadReply>;
+
+export const FilesWriteRequest = Type.Object(
+  {
+    path: SandboxPath,
+    data: Bytes('the bytes to write', Limits.files.chunkMax),
+    offset: Type.Optional(Count('write here without truncating (chunked uploads); absent: replace the file')),
+    mode: Type.Optional(Count('permission bits', 0o7777)),
+    ...RolloutStep,
+  },
+  { $id: 'FilesWriteRequest' },
+);
+export type FilesWriteRequest = Static<typeof FilesWriteRequest>;
+export const FilesWriteReply = Type.Object({ size: Type.Integer(), replayed: Type.Optional(Type.Boolean({ description: 'command log: the step was already recorded; nothing was written' })) }, { $id: 'FilesWriteReply' });
+export type FilesWriteReply = Static<typeof FilesWriteReply>;
+
+export const FilesListRequest = Type.Object({ path: SandboxPath }, { $id: 'FilesListRequest' });
+export type FilesListRequest = Static<typeof FilesListRequest>;
+export const FileTypes = ['file', 'dir', 'symlink', 'other'] as const;
+export type FileType = (typeof FileTypes)[number];
+export const FileEntry = Type.Object({
+  name: Type.String({ description: 'the name as text; a name that is not valid UTF-8 has U+FFFD where its bad bytes are (see nameBytes)' }),
+  nameBytes: Type.Optional(Bytes('the name exactly, set when it is not valid UTF-8: file names are bytes')),
+  type: literals(FileTypes), size: Type.Number(), mode: Type.Integer(), mtimeMs: Type.Number() }, { $id: 'FileEntry' });
+export type FileEntry = Static<typeof FileEntry>;
+export const FilesListReply = Type.Object({ entries: Type.Array(FileEntry) }, { $id: 'FilesListReply' });
+export type FilesListReply = Static<typeof FilesListReply>;
+export const FilesRemoveRequest = Type.Object({ path: SandboxPath, recursive: Type.Optional(Type.Boolean()) }, { $id: 'FilesRemoveRequest' });
+export type FilesRemoveRequest = Static<typeof FilesRemoveRequest>;
+
+export const NetworkSetRequest = Type.Object({ policy: Type.Optional(NetworkPolicy) }, { $id: 'NetworkSetRequest' });
+export const NetworkSetReply = Type.Object({ policy: NetworkPolicy }, { $id: 'NetworkSetReply' });
+
+// ─── Groups ─────────────────────────────────────────────────────────────────────────────────────
+
+const GroupFailure = Type.Object({ id: Type.String(), node: Type.String(), code: Type.String(), message: Type.String() });
+/** What a group verb did, summed over every node (`pdk.v1.group.<g>.<verb>`). */
+export const GroupReply = Type.Object(
+  {
+    group: Type.String(),
+    verb: literals(GroupVerbs),
+    total: Type.Integer({ description: 'sandboxes of the group found on live nodes' }),
+    ok: Type.Integer(),
+    failed: Type.Array(GroupFailure),
+    unreachable: Type.Array(Type.String(), { description: 'nodes that did not answer in time: their sandboxes are not counted' }),
+    durationMs: Type.Number(),
+  },
+  { $id: 'GroupReply' },
+);
+export type GroupReply = Static<typeof GroupReply>;
+/** A node's part of a group verb (`pdk.v1.node.<node>.group`). */
+export const NodeGroupRequest = Type.Object({ group: Token('the training job'), verb: literals(GroupVerbs, { errorCode: 'UNKNOWN_VERB' satisfies ErrorCode, errorMessage: `unknown group verb {value}; known: ${GroupVerbs.join(', ')}` }) }, { $id: 'NodeGroupRequest' });
+export type NodeGroupRequest = Static<typeof NodeGroupRequest>;
+
+// ─── Directory (list and get, served by placement replicas) ─────────────────────────────────────
+
+export const SandboxesListRequest = Type.Object(
+  {
+    labels: Type.Optional(Type.Record(Type.String(), Type.String(), { description: 'every label given must match' })),
+    group: Type.Optional(Token('only this training job')),
+    state: Type.Optional(Type.Array(literals(SandboxStates), { description: 'only these states (default: creating, running, stopping — or every state with `all`)' })),
+    node: Type.Optional(Token('only sandboxes on this node')),
+    backend: Type.Optional(literals(Backends)),
+    all: Type.Optional(Type.Boolean({ description: 'include sandboxes that have ended, and sleeping ones (default: only live ones)' })),
+    limit: Type.Integer({ minimum: 1, maximum: Limits.list.max, default: Limits.list.default, description: 'page size' }),
+    cursor: Type.Optional(Type.String({ maxLength: 256, description: 'the `next` of the previous page' })),
+  },
+  { $id: 'SandboxesListRequest' },
+);
+export type SandboxesListRequest = Partial<Static<typeof SandboxesListRequest>>;
+export const SandboxesListReply = Type.Object(
+  { sandboxes: Type.Array(SandboxInfo, { description: 'oldest first' }), next: Type.Optional(Type.String({ description: 'pass as `cursor` for the next page; absent on the last' })) },
+  { $id: 'SandboxesListReply' },
+);
+export type SandboxesListReply = Static<typeof SandboxesListReply>;
+export const SandboxesGetRequest = Type.Object({ id: Token('the sandbox id') }, { $id: 'SandboxesGetRequest' });
+
+// ─── Rollouts (the command log) ─────────────────────────────────────────────────────────────────
+
+/** A rollout in the `pdk_rollouts` bucket: which sandbox it drives and how long its log is kept. */
+export const RolloutRecord = Type.Object(
+  {
+    v: Type.Literal(1),
+    rolloutId: Type.String(),
+    sandbox: Type.String(),
+    createdAt: Ms('ms since the epoch'),
+    touchedAt: Ms('last start or attach (ms since the epoch)'),
+    retentionSec: Type.Number({ description: "the log is deleted this long after the rollout's last record (or last attach, if later)" }),
+  },
+  { $id: 'RolloutRecord' },
+);
+export type RolloutRecord = Static<typeof RolloutRecord>;
+
+export const RolloutsStartRequest = Type.Object(
+  {
+    rolloutId: Type.Optional(Token('default: a new `ro-…` id')),
+    sandbox: Type.Optional(Type.Unsafe<Partial<SandboxSpec>>(Type.Ref('SandboxSpec'))),
+    retentionSec: Type.Number({ exclusiveMinimum: 0, default: Limits.rollout.retentionSec.default, description: 'keep the log this long after its last record or attach (capped by the node’s PADDOCK_CHRONUS_MAX_AGE_SEC)' }),
+  },
+  { $id: 'RolloutsStartRequest' },
+);
+export type RolloutsStartRequest = { rolloutId?: string; sandbox?: Partial<SandboxSpec>; retentionSec?: number };
+
+const StepRecordLoose = Type.Record(Type.String(), Type.Unknown(), { description: 'a command-log record (`kind` started or result; see chronus/record.ts)' });
+export const RolloutsAttachRequest = Type.Object(
+  { rolloutId: Token('the rollout'), prefetch: Type.Optional(Type.Boolean({ description: 'also return the recorded steps (first page), so replayed steps need no round trip' })) },
+  { $id: 'RolloutsAttachRequest' },
+);
+export const RolloutView = Type.Object(
+  {
+    rollout: RolloutRecord,
+    sandbox: SandboxInfo,
+    lastStep: Type.Integer({ description: 'the highest step recorded (-1: none)' }),
+    steps: Type.Optional(Type.Array(StepRecordLoose, { description: 'with prefetch: the last record of each step, ascending' })),
+    next: Type.Optional(Type.Integer({ description: 'more steps follow: ask `rollouts.steps` with `after` = this' })),
+  },
+  { $id: 'RolloutView' },
+);
+export type RolloutView<R = Record<string, unknown>> = Omit<Static<typeof RolloutView>, 'steps'> & { steps?: R[] };
+export const RolloutsGetRequest = Type.Object({ rolloutId: Token('the rollout') }, { $id: 'RolloutsGetRequest' });
+export const RolloutsStepsRequest = Type.Object(
+  {
+    rolloutId: Token('the rollout'),
+    which: literals(['last', 'all'] as const, { default: 'last', description: '`last`: where each step stands; `all`: every record' }),
+    after: Type.Integer({ minimum: -1, default: -1, description: 'only steps above this one' }),
+  },
+  { $id: 'RolloutsStepsRequest' },
+);
+export const RolloutsStepsReply = Type.Object(
+  { records: Type.Array(StepRecordLoose), next: Type.Optional(Type.Integer({ description: 'more follow: ask again with `after` = this' })) },
+  { $id: 'RolloutsStepsReply' },
+);
+export type RolloutsStepsReply<R = Record<string, unknown>> = { records: R[]; next?: number };
+export const RolloutsExportReply = Type.Object(
+  { lines: Type.Array(Type.String(), { description: 'one JSON object per step (the trajectory line)' }), next: Type.Optional(Type.Integer()) },
+  { $id: 'RolloutsExportReply' },
+);
+export const RolloutsExportRequest = Type.Object({ rolloutId: Token('the rollout'), after: Type.Integer({ minimum: -1, default: -1, description: 'only steps above this one' }) }, { $id: 'RolloutsExportRequest' });
+export const RolloutsDeleteRequest = Type.Object({ rolloutId: Token('the rollout'), kill: Type.Optional(Type.Boolean({ description: 'kill its sandbox too' })) }, { $id: 'RolloutsDeleteRequest' });
+export const RolloutsDeleteReply = Type.Object({ purged: Type.Integer({ description: 'records deleted' }) }, { $id: 'RolloutsDeleteReply' });
+
+// ─── FnCall ─────────────────────────────────────────────────────────────────────────────────────
+
+export const FnLimits = Type.Object(
+  {
+    timeMs: Type.Number({ ...range(Limits.fn.timeMs), default: Limits.fn.timeMs.default, description: "CPU time of the program's whole process tree" }),
+    wallMs: Type.Optional(Type.Number({ ...range(Limits.fn.wallMs), description: 'wall-clock cap; default 2 × timeMs + 200' })),
+    memoryMiB: Type.Integer({ ...range(Limits.fn.memoryMiB), default: Limits.fn.memoryMiB.default }),
+    outputBytes: Type.Integer({ ...range(Limits.fn.outputBytes), default: Limits.fn.outputBytes.default, description: 'cap on stdout + stderr together (OUTPUT_LIMIT past it)' }),
+  },
+  { $id: 'FnLimits', additionalProperties: false, default: {} },
+);
+export type FnLimits = Required<Static<typeof FnLimits>>;
+
+export const FnTest = Type.Object(
+  { stdin: Type.Optional(TextOrBytes('this test’s stdin')), expected: Type.Optional(TextOrBytes('what stdout must be (per `compare`); absent: only the exit status is judged')) },
+  { additionalProperties: false },
+);
+export type FnTest = Static<typeof FnTest>;
+
+export const FnInvokeRequest = Type.Object(
+  {
+    language: Type.Optional(literals(FnLanguages, { errorCode: 'INVALID_SPEC' satisfies ErrorCode, errorMessage: `unknown language {value}; known: ${FnLanguages.join(', ')}`, description: 'a language (its code is compiled if needed, then run), or `image` + `command`' })),
+    image: Type.Optional(ImageName('an image to run `command` in')),
+    command: Type.Optional(Type.Array(Type.String({ pattern: NO_NUL }), { maxItems: Limits.exec.argsMax, description: 'with `image`: the argv to run in /work (`code`, if given, is at /box/main)', errorMessage: `must be an array of at most ${Limits.exec.argsMax} strings without NUL` })),
+    code: Type.Optional(TextOrBytes('the program')),
+    files: Type.Optional(
+      Type.Record(Type.String(), TextOrBytes('contents'), { maxProperties: Limits.fn.files, description: 'files put in /work before every run: relative path → contents', errorMessage: 'must be a map of relative path to contents' }),
+    ),
+    stdin: Type.Optional(TextOrBytes('standard input (judge mode: each test has its own)')),
+    args: Type.Optional(Type.Array(Type.String({ pattern: NO_NUL }), { maxItems: Limits.fn.args, description: 'arguments after the program', errorMessage: `must be an array of at most ${Limits.fn.args} strings without NUL` })),
+    env: Type.Optional(Env),
+    limits: FnLimits,
+    tests: Type.Optional(Type.Array(FnTest, { minItems: 1, maxItems: Limits.fn.tests, description: 'judge mode: one run per test', errorMessage: `must be an array of 1 to ${Limits.fn.tests} tests` })),
+    compare: literals(FnCompareModes, { default: 'lines', errorMessage: `must be one of ${FnCompareModes.join(', ')}` }),
+    stopOnFailure: Type.Boolean({ default: false, description: 'skip the tests after the first that fails (they report nothing)' }),
+  },
+  { $id: 'FnInvokeRequest', additionalProperties: false },
+);
+/** What a caller sends: everything with a default may be left out. */
+export type FnInvokeRequest = Omit<Static<typeof FnInvokeRequest>, 'limits' | 'compare' | 'stopOnFailure'> & { limits?: Partial<FnLimits>; compare?: FnCompareMode; stopOnFailure?: boolean };
+
+const FnRunFields = {
+  verdict: literals(FnVerdicts),
+  exitCode: Type.Integer(),
+  signal: Type.Optional(Type.String({ description: 'the signal that ended the program, if one did' })),
+  stdout: Bytes('standard output'),
+  stderr: Bytes('standard error'),
+  timeMs: Type.Number({ description: 'CPU time of the program (user + system)' }),
+  wallMs: Type.Number(),
+  memoryBytes: Type.Number({ description: 'peak resident memory of the program' }),
+  reason: Type.Optional(Type.String({ description: 'why a verdict other than OK and WRONG_ANSWER came about, in words' })),
+};
+export const FnRunResult = Type.Object(FnRunFields, { $id: 'FnRunResult' });
+export type FnRunResult = Static<typeof FnRunResult>;
+/** One test of a judged invocation; stdout and stderr are cut to a preview (`outputCut`). */
+export const FnTestResult = Type.Object({ ...FnRunFields, outputCut: Type.Optional(Type.Boolean()) }, { $id: 'FnTestResult' });
+export type FnTestResult = Static<typeof FnTestResult>;
+export const FnInvokeResult = Type.Object(
+  {
+    ...FnRunFields,
+    compileOutput: Type.Optional(Bytes("the compiler's output (errors for COMPILE_ERROR, else its warnings)")),
+    tests: Type.Optional(Type.Array(FnTestResult)),
+    passed: Type.Optional(Type.Integer({ description: 'tests that passed, of `tests.length`' })),
+    node: Type.String(),
+    queuedMs: Type.Number({ description: 'time the request waited for a free pool member' }),
+  },
+  { $id: 'FnInvokeResult' },
+);
+export type FnInvokeResult = Static<typeof FnInvokeResult>;
+
+/** Every named schema, for the JSON Schema document (`$ref`s resolve among these). */
+export const NamedSchemas: Record<string, TSchema> = {
+  WireError: WireErrorSchema,
+  NetworkPolicy,
+  SandboxSpec,
+  SandboxInfo,
+  CreateRequest,
+  CreateReply,
+  LifecycleRequest,
+  KillRequest,
+  Empty,
+  ExecRequest,
+  ExecResult,
+  ExecEvent,
+  ExecCancelRequest,
+  ExecCancelReply,
+  FilesReadRequest,
+  FilesReadReply,
+  FilesWriteRequest,
+  FilesWriteReply,
+  FilesListRequest,
+  FilesListReply,
+  FileEntry,
+  FilesRemoveRequest,
+  NetworkSetRequest,
+  NetworkSetReply,
+  GroupReply,
+  NodeGroupRequest,
+  SandboxesListRequest,
+  SandboxesListReply,
+  SandboxesGetRequest,
+  RolloutRecord,
+  RolloutsStartRequest,
+  RolloutsAttachRequest,
+  RolloutView,
+  RolloutsGetRequest,
+  RolloutsStepsRequest,
+  RolloutsStepsReply,
+  RolloutsExportRequest,
+  RolloutsExportReply,
+  RolloutsDeleteRequest,
+  RolloutsDeleteReply,
+  FnLimits,
+  FnInvokeRequest,
+  FnRunResult,
+  FnTestResult,
+  FnInvokeResult,
+};
