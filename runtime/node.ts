@@ -139,6 +139,8 @@ export class PaddockNode {
       backends: [this.backend.kind],
       images: this.imageNames,
       store: this.images.storeUrl,
+      home: this.cfg.home,
+      placement: this.cfg.placement,
       ...(this.fn ? { fn: { languages: this.fn.languages(this.imageNames), ...this.fn.load } } : {}),
       capacity: this.capacity,
       allocated: ctx.allocated,

@@ -13,7 +13,7 @@ import type { SandboxInfo } from '../sdk/index.ts';
 import { clusterTest } from './helpers/cluster.ts';
 
 const test = clusterTest();
-const CLI = fileURLToPath(new URL('../ops/cli.ts', import.meta.url));
+const CLI = fileURLToPath(new URL('../ops/cli/main.ts', import.meta.url));
 
 interface Run {
   code: number | null;

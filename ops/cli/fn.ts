@@ -1,15 +1,17 @@
 /**
  * `paddock fn …`: run a file as one FnCall invocation (`fn run file.py < input`), and build the
- * images the languages run in (`fn build`). ops/cli.ts hands the words after `fn` to `fnCommand`.
+ * images the languages run in (`fn build`; nodes also build them in the background at their
+ * first start).
  */
 import { readFile } from 'node:fs/promises';
 import { extname } from 'node:path';
 import { parseArgs } from 'node:util';
 import { type FnLanguage, FnLanguages, type FnLimits, Limits } from '../../protocol/index.ts';
-import type { FnRequest, FnResult } from '../../sdk/fn.ts';
-import { loadConfig } from '../config.ts';
-import { ImageStore } from '../images/store.ts';
-import { ensureLanguageImages } from './languages.ts';
+import { loadConfig } from '../../runtime/config.ts';
+import { ensureLanguageImages } from '../../runtime/fncall/languages.ts';
+import { ImageStore } from '../../runtime/images/store.ts';
+import type { FnRequest, FnResult } from '../../sdk/index.ts';
+import { connect, type GlobalFlags, out, UsageError } from './common.ts';
 
 export const FN_USAGE = `Usage: paddock fn <command>
 
@@ -141,5 +143,15 @@ export async function fnCommand(argv: string[], io: FnCliIo): Promise<number> {
       return 0;
     default:
       throw new FnUsageError(`unknown command '${cmd}'`);
+  }
+}
+
+/** `fn …` from the command line: its flags are its own; a usage error exits 2. */
+export async function fnCli(g: GlobalFlags, rest: string[]): Promise<number> {
+  try {
+    return await fnCommand(rest, { out, stdout: process.stdout, stderr: process.stderr, stdin: process.stdin, connect: () => connect(g) });
+  } catch (err) {
+    if (err instanceof FnUsageError) throw new UsageError(`fn: ${err.message}`);
+    throw err;
   }
 }

@@ -1,11 +1,13 @@
-/** The `paddock chronus …` subcommands (wired into ops/cli.ts). */
+/** `paddock chronus export`: a rollout's trajectory (its command log) as JSONL. */
 import { createWriteStream } from 'node:fs';
 import type { Writable } from 'node:stream';
 import { Kvm } from '@nats-io/kv';
 import type { NatsConnection } from '@nats-io/transport-node';
-import { Buckets, isToken } from '../protocol/index.ts';
-import { InvalidRequestError, NotFoundError } from '../sdk/errors.ts';
-import { exportRollout } from './export.ts';
+import { exportRollout } from '../../chronus/export.ts';
+import { Buckets, isToken } from '../../protocol/index.ts';
+import { InvalidRequestError, NotFoundError } from '../../sdk/index.ts';
+import { type Args, positionals } from './args.ts';
+import { note, UsageError, withClient } from './common.ts';
 
 function writeLine(w: Writable, line: string): Promise<void> | undefined {
   if (w.write(`${line}\n`)) return undefined;
@@ -37,4 +39,16 @@ export async function exportCommand(nc: NatsConnection, rolloutId: string, dest?
     if (e?.operation !== 'PUT') throw new NotFoundError('NOT_FOUND', `rollout ${rolloutId} does not exist (no rollout and no recorded step)`);
   }
   return n;
+}
+
+/** `chronus export <rolloutId> [file|-]`. */
+export async function chronusCli(a: Args): Promise<number> {
+  const [verb, id, dest] = a.positionals;
+  if (verb !== 'export' || id === undefined) throw new UsageError('usage: paddock chronus export <rolloutId> [file|-]', verb !== 'export');
+  positionals(a, 2, 3, 'chronus export <rolloutId> [file|-]');
+  return withClient(a.values, async (pdk) => {
+    const n = await exportCommand(pdk.nc, id, dest);
+    if (dest !== undefined && dest !== '-') note(`wrote ${n} steps of rollout ${id} to ${dest}`);
+    return 0;
+  });
 }
