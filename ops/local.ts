@@ -119,7 +119,9 @@ export async function startLocalCluster(o: { home: string; nodes?: number; prefi
     const n = o.nodes ?? 1;
     // One at a time: the first builds the shared busybox layer, the rest find it.
     for (let i = 1; i <= n; i++) {
-      nodes.push(await startNode({ natsUrl: nats.url, home: o.home, id: `${o.prefix ?? 'node'}${i}`, imagesDir: o.imagesDir, env: o.env, inheritLogs: o.inheritLogs }));
+      // Tests and benchmarks make the FnCall images they need themselves, once, in a shared store.
+      const env = { PADDOCK_FN_BUILD: process.env.PADDOCK_FN_BUILD ?? '0', ...o.env };
+      nodes.push(await startNode({ natsUrl: nats.url, home: o.home, id: `${o.prefix ?? 'node'}${i}`, imagesDir: o.imagesDir, env, inheritLogs: o.inheritLogs }));
     }
   } catch (e) {
     await Promise.all(nodes.map((x) => x.stop()));

@@ -3,6 +3,7 @@
  * sandbox actor per sandbox, a heartbeat in `pdk_nodes`, and (optionally) a placement replica.
  */
 import { cpus, totalmem } from 'node:os';
+import { join } from 'node:path';
 import { type KV, Kvm } from '@nats-io/kv';
 import { connect, type NatsConnection, type Subscription } from '@nats-io/transport-node';
 import type { Logger } from 'pino';
@@ -35,6 +36,7 @@ import {
 import type { Backend } from './backend.ts';
 import type { NodeConfig } from './config.ts';
 import { ContainerBackend } from './container/backend.ts';
+import { DEFAULT_HOME } from '../protocol/discovery.ts';
 import { FnService } from './fncall/service.ts';
 import { NodeImages } from './images/node-images.ts';
 import { Semaphore } from './limit.ts';
@@ -102,12 +104,14 @@ export class PaddockNode {
         () => (this.fn = fn),
         (err: unknown) => this.log.error({ err }, 'FnCall is not available on this node'),
       );
+      // With a store of its own, the node makes what FnCall needs; a shared store is filled by whoever runs it.
+      if (this.fn && this.cfg.fn.buildImages && !this.cfg.layers.store) fn.buildImages({ imagesDir: this.cfg.imagesDir, copyFrom: [join(DEFAULT_HOME, 'images')] });
     }
 
     this.supervisor.start();
     this.subs.push(serve(this.nc, subjects.node(this.id, 'create'), { log: this.log, name: 'node.create', maxBytes: Limits.createBytesMax }, (req) => this.create(req.body)));
     this.subs.push(serve(this.nc, subjects.node(this.id, 'group'), { log: this.log, name: 'node.group' }, (req) => this.group(req.body)));
-    this.subs.push(serve(this.nc, subjects.node(this.id, 'info'), { log: this.log, name: 'node.info' }, async () => ({ ...this.record(), ids: [...this.sandboxes.keys()], layers: await this.images.stats(), ...(this.fn ? { fnPools: this.fn.stats() } : {}) })));
+    this.subs.push(serve(this.nc, subjects.node(this.id, 'info'), { log: this.log, name: 'node.info' }, async () => ({ ...this.record(), ids: [...this.sandboxes.keys()], layers: await this.images.stats(), ...(this.fn ? { fnPools: this.fn.stats(), fnImages: this.fn.imageStates() } : {}) })));
 
     await this.beat();
     this.heartbeat = setInterval(() => void this.beat(), this.cfg.heartbeatMs);
