@@ -113,13 +113,13 @@ export async function status(a: Args): Promise<number> {
     out('');
     out('FnCall:');
     f.nodes.forEach((r, i) => {
-      const info = infos[i] as { fnPools?: Record<string, { members?: number; idle?: number; busy?: number }>; fnImages?: Record<string, FnImageState> } | undefined;
+      const info = infos[i] as { fnPools?: Record<string, { members: number; idle: number; warm: number }>; fnImages?: Record<string, FnImageState> } | undefined;
       if (!r.fn) {
         out(`  ${r.node}: off`);
         return;
       }
       const pools = Object.entries(info?.fnPools ?? {})
-        .map(([img, p]) => `${img} ${p.members ?? 0} member(s)`)
+        .map(([img, p]) => `${img} ${p.members} member(s), ${p.idle} idle, ${p.warm} kept warm`)
         .join(', ');
       const images = Object.entries(info?.fnImages ?? {})
         .map(([img, s]) => `${img} ${fnImageText(s)}`)
