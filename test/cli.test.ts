@@ -173,3 +173,46 @@ test('no reachable NATS is the platform’s fault: UNAVAILABLE, exit code 1', as
   t.is(r.code, 1);
   t.regex(r.stderr, /^paddock: UNAVAILABLE: /);
 });
+
+test('files put of a local file that does not exist is the caller’s fault: exit 2', async (t) => {
+  const sb = await t.context.pdk.sandboxes.create({ labels: { test: 'cli-put-missing' } });
+  const r = await paddock(t.context.cluster.url, ['files', 'put', sb.id, '/nonexistent/solution.py', '/work/x']);
+  t.is(r.code, 2);
+  t.regex(r.stderr, /^paddock: files put: cannot read \/nonexistent\/solution\.py: ENOENT/);
+});
+
+test('status, logs and image ls find the running Paddock through NATS, not through a default path', async (t) => {
+  const url = t.context.cluster.url;
+  const node = t.context.cluster.nodes[0]!;
+  // PADDOCK_HOME points elsewhere (paddock() sets it): only the node records can say where things are.
+  const status = await paddock(url, ['status']);
+  t.is(status.code, 0, status.stderr);
+  const text = status.stdout.toString();
+  t.regex(text, /^NATS: +127\.0\.0\.1:\d+ \(nats-server [\d.]+, JetStream\)$/m);
+  t.regex(text, /^placement: +1 replica/m);
+  t.regex(text, new RegExp(`^${node.id}\\s+serving\\s+\\d+\\s+[\\d.]+/[\\d.]+\\s+\\d+/\\d+Mi\\s+\\S*busybox\\S*\\s+${t.context.home}$`, 'm'));
+  t.true(text.includes(`${t.context.home}/logs/`), 'where the logs are');
+  const js = JSON.parse((await paddock(url, ['status', '--json'])).stdout.toString()) as { nodes: { node: string; home: string; store: string }[] };
+  t.is(js.nodes[0]?.home, t.context.home);
+
+  const logs = await paddock(url, ['logs', node.id, '-n', '50']);
+  t.is(logs.code, 0, logs.stderr);
+  t.regex(logs.stdout.toString(), /^\d\d:\d\d:\d\d\.\d{3} INFO +node ready/m);
+  const raw = await paddock(url, ['logs', '--json', '-n', '1']);
+  t.notThrows(() => JSON.parse(raw.stdout.toString()));
+  const unknown = await paddock(url, ['logs', 'no-such-node']);
+  t.is(unknown.code, 2);
+  t.regex(unknown.stderr, /no log of node no-such-node/);
+
+  const images = await paddock(url, ['image', 'ls', '--json']);
+  t.is(images.code, 0, images.stderr);
+  const names = (JSON.parse(images.stdout.toString()) as { name: string }[]).map((i) => i.name);
+  t.true(names.includes('busybox'), `the node's store, not $PADDOCK_HOME/images: ${names.join(' ')}`);
+});
+
+test('down does not stop nodes that no `paddock up` of this host started', async (t) => {
+  const r = await paddock(t.context.cluster.url, ['down']);
+  t.is(r.code, 1);
+  t.regex(r.stderr, /no 'paddock up' of this host serves the live nodes/);
+  t.is((await t.context.pdk.nodes.list()).length, 1);
+});

@@ -56,7 +56,7 @@ function localDir(): string {
 }
 
 /** The store the live nodes read, when a Paddock answers (first node's, if they differ). */
-async function runningStore(io: ImageCliIo): Promise<string | undefined> {
+export async function runningStore(io: Pick<ImageCliIo, 'connect'>): Promise<string | undefined> {
   if (!io.connect) return undefined;
   let pdk: Awaited<ReturnType<NonNullable<ImageCliIo['connect']>>>;
   try {
@@ -79,7 +79,7 @@ async function storeFor(flag: string | undefined, io: ImageCliIo): Promise<Layer
 }
 
 /** After a local build or pull: the running Paddock's nodes see the image at their next heartbeat. */
-async function publish(m: ImageManifest, io: ImageCliIo): Promise<void> {
+export async function publish(m: ImageManifest, io: Pick<ImageCliIo, 'connect' | 'err'>): Promise<void> {
   const target = process.env.PADDOCK_STORE_URL ?? (await runningStore(io));
   if (!target) return;
   const to = openStore(target);

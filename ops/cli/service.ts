@@ -63,8 +63,10 @@ async function find(g: GlobalFlags): Promise<Found> {
   } catch (err) {
     return { error: (err as Error).message, nodes: [] };
   }
-  const nodes = (await pdk.nodes.list()).filter((r) => isLiveRecord(r));
-  return { pdk, nodes };
+  // The KV key listing can name a key twice when a heartbeat rewrites it mid-listing: one row per node.
+  const byNode = new Map<string, NodeRecord>();
+  for (const r of await pdk.nodes.list()) if (isLiveRecord(r) && (byNode.get(r.node)?.ts ?? -1) < r.ts) byNode.set(r.node, r);
+  return { pdk, nodes: [...byNode.values()].sort((a, b) => a.node.localeCompare(b.node)) };
 }
 
 /** Homes of the live nodes; $PADDOCK_HOME (or the default) when NATS names none. */
