@@ -13,6 +13,7 @@ import { mkdir, readFile, rename, rm, writeFile } from 'node:fs/promises';
 import { createConnection } from 'node:net';
 import { hostname } from 'node:os';
 import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { DEFAULT_HOME, logsDir, natsUrlFile, upPidFile } from '../protocol/discovery.ts';
 import { sanitizeId } from '../runtime/config.ts';
 import { type NodeProcess, startNode } from './local.ts';
@@ -168,7 +169,7 @@ export async function up(o: { nats?: string; say: (s: string) => void; show: (s:
     void nd.exited.then((c) => shutdown(`node ${nd.id} exited with code ${c}; see ${nd.logFile ?? 'its log'}`, 1));
     if (stopping) return await finished;
     await writeAtomic(pidFile, `${JSON.stringify(record({ nats: natsUrl, ...(nats?.proc.pid ? { natsPid: nats.proc.pid } : {}), ...(nd.proc.pid ? { nodePid: nd.proc.pid } : {}) }))}\n`);
-    o.show(banner({ natsUrl, embedded: nats !== undefined, home, nodeId, logs, urlFile, placement: process.env.PADDOCK_PLACEMENT !== '0' }));
+    o.show(banner({ root: fileURLToPath(new URL(import.meta.url.endsWith('.js') ? '../../' : '../', import.meta.url)).replace(/\/$/, ''), natsUrl, embedded: nats !== undefined, home, nodeId, logs, urlFile, placement: process.env.PADDOCK_PLACEMENT !== '0' }));
     return await finished;
   } catch (err) {
     // A shutdown already under way owns the teardown and the exit.
@@ -190,7 +191,7 @@ function progressLine(line: string, say: (s: string) => void): void {
   }
 }
 
-function banner(b: { natsUrl: string; embedded: boolean; home: string; nodeId: string; logs: string; urlFile: string; placement: boolean }): string {
+function banner(b: { root: string; natsUrl: string; embedded: boolean; home: string; nodeId: string; logs: string; urlFile: string; placement: boolean }): string {
   const homeEnv = b.home === DEFAULT_HOME ? '' : `PADDOCK_HOME=${b.home} `;
   return `Paddock is up.
   NATS:  ${b.natsUrl}${b.embedded ? ` (embedded nats-server; URL written to ${b.urlFile})` : ' (joined)'}
@@ -204,7 +205,7 @@ From another shell (the CLI and the SDK find it through ${b.embedded ? `${b.urlF
   paddock exec <id> -- sh -c 'echo hello from $(hostname)'
   paddock ps
   paddock rm <id>
-(\`paddock\` is ops/bin/paddock.js in the clone; \`npm link\` puts it on PATH.)
+(\`paddock\` is ops/bin/paddock in the clone: export PATH=${b.root}/ops/bin:$PATH, or \`npm link\`.)
 
 Or from TypeScript:
   import { Paddock } from 'paddock';
