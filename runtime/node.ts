@@ -3,7 +3,6 @@
  * sandbox actor per sandbox, a heartbeat in `pdk_nodes`, and (optionally) a placement replica.
  */
 import { cpus, totalmem } from 'node:os';
-import { join } from 'node:path';
 import { type KV, Kvm } from '@nats-io/kv';
 import { connect, type NatsConnection, type Subscription } from '@nats-io/transport-node';
 import type { Logger } from 'pino';
@@ -36,7 +35,6 @@ import {
 import type { Backend } from './backend.ts';
 import type { NodeConfig } from './config.ts';
 import { ContainerBackend } from './container/backend.ts';
-import { DEFAULT_HOME } from '../protocol/discovery.ts';
 import { FnService } from './fncall/service.ts';
 import { NodeImages } from './images/node-images.ts';
 import { Semaphore } from './limit.ts';
@@ -105,7 +103,7 @@ export class PaddockNode {
         (err: unknown) => this.log.error({ err }, 'FnCall is not available on this node'),
       );
       // With a store of its own, the node makes what FnCall needs; a shared store is filled by whoever runs it.
-      if (this.fn && this.cfg.fn.buildImages && !this.cfg.layers.store) fn.buildImages({ imagesDir: this.cfg.imagesDir, copyFrom: [join(DEFAULT_HOME, 'images')] });
+      if (this.fn && this.cfg.fn.buildImages && !this.cfg.layers.store) fn.buildImages({ imagesDir: this.cfg.imagesDir, copyFrom: this.cfg.fn.imagesFrom });
     }
 
     this.supervisor.start();

@@ -46,6 +46,7 @@ export class FnService {
   private readonly dir: string;
   private readonly building = new Map<string, FnImageState & { estimateMs: number }>();
   private stopped = false;
+  private planned?: Promise<void>;
 
   constructor(
     private readonly o: { nc: NatsConnection; backend: ContainerBackend; images: NodeImages; cfg: FnConfig; nodeId: string; nodeDir: string; log: Logger },
@@ -79,15 +80,25 @@ export class FnService {
    * Until one is there, invocations of its languages are refused with how long is left.
    */
   buildImages(o: { imagesDir: string; copyFrom: string[] }): void {
-    void (async () => {
+    // What is missing and how long each takes is known after a few reads; invocations that arrive
+    // before that wait for it (see invoke) rather than hear that nothing is being made.
+    const planned = (async () => {
       const have = await this.o.images.list();
       const missing = ['python', 'gcc'].filter((i) => !have.includes(i));
-      if (missing.length === 0) return;
       const times = await this.buildTimes();
       const copyable = await Promise.all(missing.map((m) => Promise.all(o.copyFrom.map((d) => new ImageStore(d).get(m).catch(() => null))).then((r) => r.some(Boolean))));
       missing.forEach((image, i) => {
         this.building.set(image, { state: 'building', estimateMs: copyable[i] ? COPY_ESTIMATE_MS : (times[image] ?? FIRST_BUILD_ESTIMATE_MS) });
       });
+      return { missing, copyable };
+    })();
+    this.planned = planned.then(
+      () => {},
+      () => {},
+    );
+    void (async () => {
+      const { missing, copyable } = await planned;
+      if (missing.length === 0) return;
       const store = new ImageStore(o.imagesDir);
       for (const image of missing) {
         if (this.stopped) return;
@@ -216,12 +227,15 @@ export class FnService {
   async invoke(req: FnInvoke): Promise<FnInvokeResult> {
     const lang = req.language ? LANGUAGES[req.language] : undefined;
     const image = lang?.image ?? (req.image as string);
-    if (lang && !(await this.o.images.list()).includes(image)) {
+    // `ready`: made a moment ago, after the node's image list (kept a second) was read.
+    if (lang && this.building.get(image)?.state !== 'ready' && !(await this.o.images.list()).includes(image)) {
+      await this.planned;
       const b = this.building.get(image);
       if (b?.state === 'building') {
         const etaMs = this.etaMs(image);
         throw new ProtocolError('UNAVAILABLE', `${req.language} runs in the '${image}' image, which node ${this.o.nodeId} is still making (its first start): about ${Math.ceil(etaMs / 1000)} s left`, { detail: { image, etaMs } });
       }
+      if (b?.state === 'ready') return this.invoke(req);
       const why = b?.state === 'failed' ? `, and could not make it (${b.error})` : '';
       throw new ProtocolError('UNAVAILABLE', `${req.language} runs in the '${image}' image, which node ${this.o.nodeId} does not have${why}; build it with 'paddock fn build'`, { detail: { image } });
     }
