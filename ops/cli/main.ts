@@ -11,7 +11,6 @@ import { PaddockError } from '../../sdk/index.ts';
 import { GLOBAL, parse } from './args.ts';
 import { exitCodeOf, note, out, SIGPIPE_EXIT, UsageError } from './common.ts';
 
-
 function usage(env: Record<string, string>): string {
   return `Usage: paddock [--nats URL] [--timeout MS] <command> [options]
 
