@@ -101,7 +101,8 @@ export class FnService {
       if (missing.length === 0) return;
       const store = new ImageStore(o.imagesDir);
       for (const image of missing) {
-        if (this.stopped) return;
+        // stop() may have run while the previous image was made.
+        if (this.isStopped()) return;
         const st = this.building.get(image) as FnImageState & { estimateMs: number };
         st.startedAt = Date.now();
         this.o.log.info({ image, progress: true }, `FnCall: making the '${image}' image in the background (about ${Math.round(st.estimateMs / 1000)} s); fn calls of its languages wait for it`);
@@ -308,6 +309,10 @@ export class FnService {
   private replyRoom(): number {
     const max = this.o.nc.info?.max_payload ?? 1024 * 1024;
     return Math.max(1024, Math.floor(max / 2) - 64 * 1024);
+  }
+
+  private isStopped(): boolean {
+    return this.stopped;
   }
 
   async stop(): Promise<void> {
