@@ -55,7 +55,7 @@ export async function handle(msg: Msg, handler: Handler, opts: ServeOptions): Pr
       if (wire.code === 'INTERNAL') {
         span.recordException(err instanceof Error ? err : new Error(String(err)));
         opts.log.error({ err, subject: msg.subject }, 'internal error');
-      }
+      } else opts.log.info({ subject: msg.subject, code: wire.code, error: wire.message }, `request refused: ${wire.code}`);
       if (msg.reply) {
         try {
           msg.respond(encode({ ok: false, error: wire }));

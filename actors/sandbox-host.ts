@@ -243,6 +243,7 @@ export class SandboxHost {
 
   private onSnapshot(state: SandboxState, ctx: SandboxContext): void {
     if (state === this.info.state) return;
+    const from = this.info.state;
     const { reason, error } = ctx;
     this.info = { ...this.info, state };
     if (reason) this.info.reason = reason;
@@ -252,10 +253,10 @@ export class SandboxHost {
     if (isFinal(state)) this.info.endedAt = Date.now();
     // The span of the request that caused it (create, kill, pause, …) shows the transition.
     trace.getActiveSpan()?.addEvent('sandbox.transition', { 'sandbox.id': this.id, 'sandbox.state': state });
-    // Every transition is also an event on NATS and a directory record: a line per sandbox per
-    // transition at info would be the node's busiest log (3,200 per group pause). Failures stay loud.
-    if (state === 'failed') this.log.warn({ state, reason, error }, 'sandbox transition');
-    else if (this.deps.log.isLevelEnabled('debug')) this.log.debug({ state, reason, error }, 'sandbox transition');
+    // One line per lifecycle change: a person reading the log sees each sandbox come and go. At
+    // ~5 µs a line, a group pause of 3,200 sandboxes costs the node ~16 ms of logging.
+    if (state === 'failed') this.log.warn({ state, from, reason, error }, `sandbox ${state}`);
+    else this.log.info({ state, from, ...(reason ? { reason } : {}), ...(ctx.sleepReason && state !== 'running' ? { sleepReason: ctx.sleepReason } : {}) }, `sandbox ${state}`);
     const record = encode(this.info);
     this.publishEvent(record);
     this.published = this.published.then(async () => {

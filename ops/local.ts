@@ -3,16 +3,18 @@
  * mount namespace (see runtime/launch.ts). Used by `paddock up`, the tests and the benchmarks.
  */
 import { type ChildProcess, spawn } from 'node:child_process';
-import { createWriteStream, type WriteStream } from 'node:fs';
+import type { Writable } from 'node:stream';
 import { mkdir } from 'node:fs/promises';
 import { join } from 'node:path';
+import { logsDir } from '../protocol/discovery.ts';
 import { nodeCommand } from '../runtime/launch.ts';
+import { rotatingLog } from './logfile.ts';
 import { type EmbeddedNats, startNats } from './nats.ts';
 
 export interface NodeProcess {
   id: string;
   proc: ChildProcess;
-  /** Where the node's JSON log goes (unless `inheritLogs`). */
+  /** Where the node's JSON log goes (unless `inheritLogs`): `$home/logs/node-<id>.log`, rotated. */
   logFile?: string;
   /** SIGTERM, wait for a clean exit (sandboxes killed); SIGKILL after `graceMs`. */
   stop(graceMs?: number): Promise<void>;
@@ -28,6 +30,8 @@ export interface StartNodeOptions {
   /** Write the node's log to the terminal instead of a file. */
   inheritLogs?: boolean;
   readyTimeoutMs?: number;
+  /** Each line the node logs after it is ready (the supervisor shows some of them). */
+  onLine?: (line: string) => void;
 }
 
 export async function startNode(o: StartNodeOptions): Promise<NodeProcess> {
@@ -48,20 +52,26 @@ export async function startNode(o: StartNodeOptions): Promise<NodeProcess> {
       ...o.env,
     },
   });
-  let log: WriteStream | undefined;
-  const logFile = o.inheritLogs ? undefined : join(o.home, `node-${o.id}.log`);
+  let log: Writable | undefined;
+  const logFile = o.inheritLogs ? undefined : join(logsDir(o.home), `node-${o.id}.log`);
   if (logFile) {
-    log = createWriteStream(logFile, { flags: 'a' });
-    proc.stderr?.pipe(log);
+    log = rotatingLog(logFile);
+    proc.stderr?.pipe(log, { end: false });
   }
   const exited = new Promise<number>((r) => proc.on('exit', (c, s) => r(c ?? (s ? 128 : 1))));
   let tail = '';
   await new Promise<void>((resolve, reject) => {
     const timer = setTimeout(() => reject(new Error(`node ${o.id} not ready after ${o.readyTimeoutMs ?? 120_000} ms: ${tail.slice(-2000)}`)), o.readyTimeoutMs ?? 120_000);
     let ready = false;
+    let partial = '';
     proc.stdout?.on('data', (d: Buffer) => {
       if (log) log.write(d);
       else process.stdout.write(d);
+      if (ready && o.onLine) {
+        const lines = (partial + d.toString()).split('\n');
+        partial = lines.pop() ?? '';
+        for (const l of lines) o.onLine(l);
+      }
       if (!ready) {
         tail = (tail + d.toString()).slice(-8000);
         if (tail.includes('"msg":"node ready"')) {
@@ -103,13 +113,15 @@ export interface LocalCluster {
 
 /** nats-server + `nodes` node processes under `home` (node ids `<prefix>1`, `<prefix>2`, …). */
 export async function startLocalCluster(o: { home: string; nodes?: number; prefix?: string; imagesDir?: string; env?: Record<string, string>; inheritLogs?: boolean }): Promise<LocalCluster> {
-  const nats = await startNats({ dataDir: join(o.home, 'nats') });
+  const nats = await startNats({ dataDir: join(o.home, 'nats'), logFile: join(logsDir(o.home), 'nats-server.log') });
   const nodes: NodeProcess[] = [];
   try {
     const n = o.nodes ?? 1;
     // One at a time: the first builds the shared busybox layer, the rest find it.
     for (let i = 1; i <= n; i++) {
-      nodes.push(await startNode({ natsUrl: nats.url, home: o.home, id: `${o.prefix ?? 'node'}${i}`, imagesDir: o.imagesDir, env: o.env, inheritLogs: o.inheritLogs }));
+      // Tests and benchmarks make the FnCall images they need themselves, once, in a shared store.
+      const env = { PADDOCK_FN_BUILD: process.env.PADDOCK_FN_BUILD ?? '0', ...o.env };
+      nodes.push(await startNode({ natsUrl: nats.url, home: o.home, id: `${o.prefix ?? 'node'}${i}`, imagesDir: o.imagesDir, env, inheritLogs: o.inheritLogs }));
     }
   } catch (e) {
     await Promise.all(nodes.map((x) => x.stop()));

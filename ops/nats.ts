@@ -5,6 +5,7 @@
 import { type ChildProcess, spawn } from 'node:child_process';
 import { mkdir, readdir, readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
+import { rotatingLog } from './logfile.ts';
 
 export interface EmbeddedNats {
   url: string;
@@ -16,7 +17,8 @@ export interface EmbeddedNats {
 /** Exec results carry up to 1 MiB of stdout and of stderr in one reply: allow 8 MiB messages. */
 export const MAX_PAYLOAD = 8 * 1024 * 1024;
 
-export async function startNats(opts: { dataDir: string; port?: number }): Promise<EmbeddedNats> {
+/** `logFile`: nats-server's own log (rotated); without it only the last 4 KB are kept, for errors. */
+export async function startNats(opts: { dataDir: string; port?: number; logFile?: string }): Promise<EmbeddedNats> {
   await mkdir(opts.dataDir, { recursive: true });
   const portsDir = join(opts.dataDir, 'ports');
   await mkdir(portsDir, { recursive: true });
@@ -24,13 +26,19 @@ export async function startNats(opts: { dataDir: string; port?: number }): Promi
   await writeFile(conf, `max_payload: ${MAX_PAYLOAD}\nmax_pending: ${4 * MAX_PAYLOAD}\n`);
   // Dies with whoever started it, even by SIGKILL (a killed test worker or `paddock up`): an
   // embedded nats-server has no one else to serve.
+  // detached: a terminal's Ctrl-C goes to its whole process group; nats-server must outlive it
+  // until the node has recorded its sandboxes' end, so only its starter stops it.
   const proc = spawn('setpriv', ['--pdeathsig', 'TERM', '--', 'nats-server', '-c', conf, '-a', '127.0.0.1', '-p', String(opts.port ?? -1), '-js', '-sd', join(opts.dataDir, 'jetstream'), '--ports_file_dir', portsDir], {
     stdio: ['ignore', 'ignore', 'pipe'],
+    detached: true,
   });
+  const log = opts.logFile ? rotatingLog(opts.logFile) : undefined;
   let stderr = '';
   proc.stderr?.on('data', (d: Buffer) => {
+    log?.write(d);
     stderr = (stderr + d.toString()).slice(-4000);
   });
+  proc.once('exit', () => log?.end());
   const exited = new Promise<number>((r) => proc.on('exit', (c) => r(c ?? 1)));
   const deadline = Date.now() + 10_000;
   for (;;) {

@@ -4,6 +4,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# The version package.json's engines names: Node 20.6 or later (register hooks, import.meta.resolve).
+if ! node -e 'const [a,b]=process.versions.node.split(".").map(Number); process.exit(a>20||(a===20&&b>=6)?0:1)'; then
+  echo "paddock: Node $(node --version) is too old: Paddock needs Node 20.6 or later" >&2
+  exit 1
+fi
+
 need=()
 command -v nats-server >/dev/null 2>&1 || need+=(nats-server)
 command -v crun >/dev/null 2>&1 || need+=(crun)
@@ -42,4 +48,11 @@ fi
 if [ ! -d node_modules ] || [ package-lock.json -nt node_modules/.package-lock.json ]; then
   echo "paddock: npm ci" >&2
   npm ci --no-audit --no-fund >&2
+fi
+
+# The compiled CLI and SDK (dist/): rebuilt when a source is newer than the last build.
+if [ ! -f dist/.tsbuildinfo ] || [ -n "$(find protocol actors chronus runtime ops sdk package.json tsconfig.json tsconfig.build.json -newer dist/.tsbuildinfo \( -name '*.ts' -o -name '*.json' \) -print -quit)" ]; then
+  echo "paddock: building dist/" >&2
+  npx tsc -p tsconfig.build.json >&2
+  touch dist/.tsbuildinfo
 fi

@@ -1,29 +1,73 @@
 /**
- * OpenTelemetry set-up. Off unless PADDOCK_TRACES asks: `console` prints spans, `otlp` sends them
- * to OTEL_EXPORTER_OTLP_ENDPOINT (default http://localhost:4318). The W3C propagator is always
- * registered so `traceparent` headers from callers are honoured. Also: on-demand CPU profiles.
+ * OpenTelemetry set-up. Exporting is off unless PADDOCK_TRACES asks: `file` (or `console`) writes
+ * each span as one JSON line to its own file (`traces-<name>.jsonl` beside the logs: never into
+ * a log), `otlp` sends them to OTEL_EXPORTER_OTLP_ENDPOINT (default http://localhost:4318). The
+ * W3C propagator and an AsyncLocalStorage context manager are always registered, so `traceparent`
+ * headers from callers are honoured and every log line written while handling a request carries
+ * the caller's trace id, with or without an exporter. Also: on-demand CPU profiles.
  */
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { Session } from 'node:inspector';
 import { join } from 'node:path';
-import { propagation } from '@opentelemetry/api';
-import { W3CTraceContextPropagator } from '@opentelemetry/core';
+import type { Writable } from 'node:stream';
+import { context, propagation } from '@opentelemetry/api';
+import { AsyncLocalStorageContextManager } from '@opentelemetry/context-async-hooks';
+import { type ExportResult, ExportResultCode, hrTimeToMicroseconds, W3CTraceContextPropagator } from '@opentelemetry/core';
 import { OTLPTraceExporter } from '@opentelemetry/exporter-trace-otlp-http';
 import { resourceFromAttributes } from '@opentelemetry/resources';
-import { BatchSpanProcessor, ConsoleSpanExporter, SimpleSpanProcessor, type SpanProcessor } from '@opentelemetry/sdk-trace-base';
+import { BatchSpanProcessor, type ReadableSpan, SimpleSpanProcessor, type SpanExporter, type SpanProcessor } from '@opentelemetry/sdk-trace-base';
 import { NodeTracerProvider } from '@opentelemetry/sdk-trace-node';
+import { rotatingLog } from './logfile.ts';
 
 let provider: NodeTracerProvider | undefined;
+let contextManager: AsyncLocalStorageContextManager | undefined;
 
-export function setupTelemetry(serviceName: string, mode = process.env.PADDOCK_TRACES): void {
+/** Spans as JSON lines, one per span, in a file of their own. */
+class JsonLinesSpanExporter implements SpanExporter {
+  private readonly out: Writable;
+  constructor(file: string) {
+    this.out = rotatingLog(file);
+  }
+  export(spans: ReadableSpan[], done: (r: ExportResult) => void): void {
+    for (const s of spans) {
+      const c = s.spanContext();
+      const line = {
+        traceId: c.traceId,
+        spanId: c.spanId,
+        parentSpanId: s.parentSpanContext?.spanId,
+        name: s.name,
+        kind: s.kind,
+        startUs: hrTimeToMicroseconds(s.startTime),
+        durationUs: hrTimeToMicroseconds(s.duration),
+        status: s.status,
+        attributes: s.attributes,
+        events: s.events.map((e) => ({ name: e.name, timeUs: hrTimeToMicroseconds(e.time), attributes: e.attributes })),
+        service: s.resource.attributes['service.name'],
+      };
+      this.out.write(`${JSON.stringify(line)}\n`);
+    }
+    done({ code: ExportResultCode.SUCCESS });
+  }
+  shutdown(): Promise<void> {
+    return new Promise((r) => this.out.end(r));
+  }
+}
+
+/** `tracesFile`: where PADDOCK_TRACES=file (or console) writes spans. */
+export function setupTelemetry(serviceName: string, o: { mode?: string; tracesFile?: string } = {}): void {
+  const mode = o.mode ?? process.env.PADDOCK_TRACES;
   propagation.setGlobalPropagator(new W3CTraceContextPropagator());
+  if (!contextManager) {
+    contextManager = new AsyncLocalStorageContextManager().enable();
+    context.setGlobalContextManager(contextManager);
+  }
   if (!mode || provider) return;
   const processors: SpanProcessor[] = [];
-  if (mode === 'console') processors.push(new SimpleSpanProcessor(new ConsoleSpanExporter()));
+  if (mode === 'file' || mode === 'console') processors.push(new SimpleSpanProcessor(new JsonLinesSpanExporter(o.tracesFile ?? `traces-${serviceName}.jsonl`)));
   else if (mode === 'otlp') processors.push(new BatchSpanProcessor(new OTLPTraceExporter()));
-  else throw new Error(`PADDOCK_TRACES=${mode}: expected console or otlp`);
+  else throw new Error(`PADDOCK_TRACES=${mode}: expected file, console (the same) or otlp`);
   provider = new NodeTracerProvider({ resource: resourceFromAttributes({ 'service.name': serviceName }), spanProcessors: processors });
-  provider.register();
+  provider.register({ contextManager });
 }
 
 export async function shutdownTelemetry(): Promise<void> {

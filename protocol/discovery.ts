@@ -7,3 +7,13 @@ export const DEFAULT_HOME = '/var/lib/paddock';
 export function natsUrlFile(home: string = process.env.PADDOCK_HOME || DEFAULT_HOME): string {
   return join(home, 'nats.url');
 }
+
+/** File naming the `paddock up` process serving `home` (JSON, see ops/up.ts): what `paddock down` stops. */
+export function upPidFile(home: string = process.env.PADDOCK_HOME || DEFAULT_HOME): string {
+  return join(home, 'paddock.pid');
+}
+
+/** Where `paddock up` keeps the node's and nats-server's logs. */
+export function logsDir(home: string = process.env.PADDOCK_HOME || DEFAULT_HOME): string {
+  return join(home, 'logs');
+}

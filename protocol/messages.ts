@@ -136,6 +136,10 @@ export interface NodeRecord {
   state: 'serving' | 'draining';
   /** The layer store this node reads from (and, when it embeds it, serves): an http:// base URL. */
   store?: string;
+  /** The node's PADDOCK_HOME on its host (its logs are in `<home>/logs/`): how the CLI finds a running Paddock. */
+  home?: string;
+  /** Whether this node process also runs a placement replica. */
+  placement?: boolean;
   /** FnCall on this node: the languages it has images for, and its load. */
   fn?: { languages: FnLanguage[]; running: number; queued: number };
 }

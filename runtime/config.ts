@@ -75,6 +75,13 @@ export interface FnConfig {
   pidsLimit: number;
   /** Where the runner binary is built, once per host (root-owned: it runs in every member). */
   runnerDir: string;
+  /**
+   * Build (or copy from the host's default store) the images the languages need, in the
+   * background, when the node serves its own store and lacks them.
+   */
+  buildImages: boolean;
+  /** Stores to copy those images from before building them (seconds instead of minutes). */
+  imagesFrom: string[];
 }
 
 /** `python=2,c=1` → { python: 2, c: 1 }. */
@@ -114,6 +121,8 @@ export const ENV_DOC: Record<string, string> = {
   PADDOCK_FN_MAX_MEMBERS: 'FnCall members per image at most (default: the number of cores, at least 2)',
   PADDOCK_FN_DISK_MIB: 'what one FnCall program may write to /work, /tmp and /dev/shm (default 256)',
   PADDOCK_FN_PIDS: 'processes and threads of one FnCall program at most (default 128)',
+  PADDOCK_FN_BUILD: '1 = a node serving its own store builds the python and gcc images FnCall needs in the background when missing (copied from PADDOCK_FN_IMAGES_FROM when that has them) (default 1)',
+  PADDOCK_FN_IMAGES_FROM: 'image store directories (comma-separated) the background FnCall image build copies from when they have the images (default /var/lib/paddock/images)',
   PADDOCK_FN_RUNNER_DIR: 'where the FnCall runner is compiled once per host (default /var/cache/paddock/fncall)',
   PADDOCK_PRESSURE_MIN_AVAILABLE_MIB: 'memory pressure when MemAvailable is under this (default 5% of RAM)',
   PADDOCK_PRESSURE_PSI_AVG10: 'memory pressure when PSI memory some avg10 is over this percent (default 25)',
@@ -190,6 +199,8 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): NodeConfig {
       diskMiB: numEnv(env, 'PADDOCK_FN_DISK_MIB', 256),
       pidsLimit: numEnv(env, 'PADDOCK_FN_PIDS', 128),
       runnerDir: env.PADDOCK_FN_RUNNER_DIR || '/var/cache/paddock/fncall',
+      buildImages: (env.PADDOCK_FN_BUILD ?? '1') !== '0',
+      imagesFrom: (env.PADDOCK_FN_IMAGES_FROM ?? join(DEFAULT_HOME, 'images')).split(',').filter(Boolean),
     },
     pressure: {
       minAvailableMiB: numEnv(env, 'PADDOCK_PRESSURE_MIN_AVAILABLE_MIB', Math.floor(totalmem() / 1024 / 1024 / 20)),

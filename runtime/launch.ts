@@ -10,7 +10,11 @@ import { detectCgroups } from './cgroups.ts';
 export const NS_MARK = 'PADDOCK_IN_NS';
 
 export function nodeMainPath(): string {
-  return fileURLToPath(new URL('./node-main.ts', import.meta.url));
+  // Started from the compiled CLI (dist/runtime/launch.js), the node still runs from its
+  // TypeScript sources: its C and Python helpers live beside them, and a process that runs for
+  // hours does not mind tsx's second of start-up.
+  const compiled = import.meta.url.endsWith('.js');
+  return fileURLToPath(new URL(compiled ? '../../runtime/node-main.ts' : './node-main.ts', import.meta.url));
 }
 
 /** The command line that runs a node: `unshare … node --import tsx runtime/node-main.ts`. */

@@ -3,6 +3,8 @@
  * way it relaunches itself there and forwards signals.
  */
 import { spawn } from 'node:child_process';
+import { join } from 'node:path';
+import { logsDir } from '../protocol/discovery.ts';
 import { createLogger } from '../ops/log.ts';
 import { profileOnSignal, setupTelemetry, shutdownTelemetry } from '../ops/telemetry.ts';
 import { loadConfig } from './config.ts';
@@ -24,7 +26,7 @@ async function main(): Promise<void> {
   }
   const cfg = loadConfig();
   const log = createLogger('paddock-node', cfg.logLevel).child({ node: cfg.nodeId });
-  setupTelemetry(`paddock-node`);
+  setupTelemetry('paddock-node', { tracesFile: join(logsDir(cfg.home), `traces-node-${cfg.nodeId}.jsonl`) });
   profileOnSignal(`node-${cfg.nodeId}`, log);
   const node = new PaddockNode(cfg, log);
   let stopping = false;

@@ -106,12 +106,14 @@ export class PaddockNode {
         () => (this.fn = fn),
         (err: unknown) => this.log.error({ err }, 'FnCall is not available on this node'),
       );
+      // With a store of its own, the node makes what FnCall needs; a shared store is filled by whoever runs it.
+      if (this.fn && this.cfg.fn.buildImages && !this.cfg.layers.store) fn.buildImages({ imagesDir: this.cfg.imagesDir, copyFrom: this.cfg.fn.imagesFrom });
     }
 
     this.supervisor.start();
     this.subs.push(serve(this.nc, subjects.node(this.id, 'create'), { log: this.log, name: 'node.create', maxBytes: Limits.createBytesMax }, (req) => this.create(req.body)));
     this.subs.push(serve(this.nc, subjects.node(this.id, 'group'), { log: this.log, name: 'node.group' }, (req) => this.group(req.body)));
-    this.subs.push(serve(this.nc, subjects.node(this.id, 'info'), { log: this.log, name: 'node.info' }, async () => ({ ...this.record(), ids: [...this.sandboxes.keys()], layers: await this.images.stats(), ...(this.fn ? { fnPools: this.fn.stats() } : {}) })));
+    this.subs.push(serve(this.nc, subjects.node(this.id, 'info'), { log: this.log, name: 'node.info' }, async () => ({ ...this.record(), ids: [...this.sandboxes.keys()], layers: await this.images.stats(), ...(this.fn ? { fnPools: this.fn.stats(), fnImages: this.fn.imageStates() } : {}) })));
 
     await this.beat();
     this.heartbeat = setInterval(() => void this.beat(), this.cfg.heartbeatMs);
@@ -140,6 +142,8 @@ export class PaddockNode {
       backends: [this.backend.kind],
       images: this.imageNames,
       store: this.images.storeUrl,
+      home: this.cfg.home,
+      placement: this.cfg.placement,
       ...(this.fn ? { fn: { languages: this.fn.languages(this.imageNames), ...this.fn.load } } : {}),
       capacity: this.capacity,
       allocated: ctx.allocated,

@@ -293,7 +293,7 @@ test('export writes the trajectory as JSONL, one line per step', async (t) => {
   t.is(subjects.chronusStep(ro.rolloutId, 2), `pdk.v1.chronus.${ro.rolloutId}.2`);
 
   // The CLI: to stdout, and to a file.
-  const cli = (...args: string[]) => run(process.execPath, ['--import', 'tsx', join(ROOT, 'ops/cli.ts'), '--nats', t.context.cluster.url, 'chronus', 'export', ...args], { allowFail: true });
+  const cli = (...args: string[]) => run(process.execPath, ['--import', 'tsx', join(ROOT, 'ops/cli/main.ts'), '--nats', t.context.cluster.url, 'chronus', 'export', ...args], { allowFail: true });
   const stdout = await cli(ro.rolloutId);
   t.is(stdout.code, 0, stdout.stderr);
   t.deepEqual(stdout.stdout.trimEnd().split('\n'), lines);

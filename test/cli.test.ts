@@ -1,9 +1,9 @@
 /**
- * The `paddock` CLI as a user runs it: a separate process talking to a real cluster through
- * NATS_URL. `up` is not covered: it owns a home directory and its nats.url; try it by hand with
- * a temporary PADDOCK_HOME.
+ * The `paddock` CLI as a user runs it: the bin (the compiled CLI in dist/, brought up to date by
+ * the set-up first), a separate process talking to a real cluster through NATS_URL. `up` and
+ * `down` of what it started are covered by test/readme.test.ts.
  */
-import { spawn } from 'node:child_process';
+import { execFileSync, spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
@@ -13,7 +13,13 @@ import type { SandboxInfo } from '../sdk/index.ts';
 import { clusterTest } from './helpers/cluster.ts';
 
 const test = clusterTest();
-const CLI = fileURLToPath(new URL('../ops/cli.ts', import.meta.url));
+const ROOT = fileURLToPath(new URL('..', import.meta.url));
+const CLI = fileURLToPath(new URL('../ops/bin/paddock.js', import.meta.url));
+
+test.before(() => {
+  // Rebuilds dist/ when a source is newer: the tests run the CLI users run, never a stale one.
+  execFileSync('bash', ['ops/setup.sh'], { cwd: ROOT, stdio: ['ignore', 'ignore', 'inherit'] });
+});
 
 interface Run {
   code: number | null;
@@ -26,7 +32,7 @@ function paddock(natsUrl: string | undefined, args: string[], input?: Uint8Array
   if (natsUrl === undefined) delete env.NATS_URL;
   else env.NATS_URL = natsUrl;
   return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, ['--import', 'tsx', CLI, ...args], { env, stdio: ['pipe', 'pipe', 'pipe'] });
+    const child = spawn(process.execPath, [CLI, ...args], { env, stdio: ['pipe', 'pipe', 'pipe'] });
     const out: Buffer[] = [];
     const err: Buffer[] = [];
     child.stdout.on('data', (d: Buffer) => out.push(d));
@@ -172,4 +178,57 @@ test('no reachable NATS is the platform’s fault: UNAVAILABLE, exit code 1', as
   const r = await paddock('nats://127.0.0.1:1', ['ps']);
   t.is(r.code, 1);
   t.regex(r.stderr, /^paddock: UNAVAILABLE: /);
+});
+
+test('files put of a local file that does not exist is the caller’s fault: exit 2', async (t) => {
+  const sb = await t.context.pdk.sandboxes.create({ labels: { test: 'cli-put-missing' } });
+  const r = await paddock(t.context.cluster.url, ['files', 'put', sb.id, '/nonexistent/solution.py', '/work/x']);
+  t.is(r.code, 2);
+  t.regex(r.stderr, /^paddock: files put: cannot read \/nonexistent\/solution\.py: ENOENT/);
+});
+
+// In the three below PADDOCK_HOME points elsewhere (paddock() sets it): only the node records can
+// say where the running Paddock keeps things.
+test('status finds the running Paddock through NATS: its nodes, homes and logs', async (t) => {
+  const url = t.context.cluster.url;
+  const node = t.context.cluster.nodes[0]!;
+  const status = await paddock(url, ['status']);
+  t.is(status.code, 0, status.stderr);
+  const text = status.stdout.toString();
+  t.regex(text, /^NATS: +127\.0\.0\.1:\d+ \(nats-server [\d.]+, JetStream\)$/m);
+  t.regex(text, /^placement: +1 replica/m);
+  t.regex(text, new RegExp(`^${node.id}\\s+serving\\s+\\d+\\s+[\\d.]+/[\\d.]+\\s+\\d+/\\d+Mi\\s+\\S*busybox\\S*\\s+${t.context.home}$`, 'm'));
+  t.true(text.includes(`${t.context.home}/logs/`), 'where the logs are');
+  const js = JSON.parse((await paddock(url, ['status', '--json'])).stdout.toString()) as { nodes: { node: string; home: string; store: string }[] };
+  t.is(js.nodes[0]?.home, t.context.home);
+});
+
+test('logs finds a node’s log through its record', async (t) => {
+  const url = t.context.cluster.url;
+  const node = t.context.cluster.nodes[0]!;
+  const logs = await paddock(url, ['logs', node.id, '-n', '50']);
+  t.is(logs.code, 0, logs.stderr);
+  t.regex(logs.stdout.toString(), /^\d\d:\d\d:\d\d\.\d{3} INFO +node ready/m);
+  const raw = await paddock(url, ['logs', '--json', '-n', '1']);
+  t.notThrows(() => JSON.parse(raw.stdout.toString()));
+  const unknown = await paddock(url, ['logs', 'no-such-node']);
+  t.is(unknown.code, 2);
+  t.regex(unknown.stderr, /no log of node no-such-node/);
+});
+
+test('image ls lists the store the running nodes read, not $PADDOCK_HOME/images', async (t) => {
+  const url = t.context.cluster.url;
+  const images = await paddock(url, ['image', 'ls', '--json']);
+  t.is(images.code, 0, images.stderr);
+  const names = (JSON.parse(images.stdout.toString()) as { name: string }[]).map((i) => i.name);
+  t.true(names.includes('busybox'), `the node's store, not $PADDOCK_HOME/images: ${names.join(' ')}`);
+});
+
+test('down does not stop nodes that no `paddock up` of this host started', async (t) => {
+  const r = await paddock(t.context.cluster.url, ['down']);
+  t.is(r.code, 1);
+  t.regex(r.stderr, /no 'paddock up' of this host serves the live nodes/);
+  // The node still serves.
+  const node = t.context.cluster.nodes[0]!;
+  t.is((await t.context.pdk.nodes.info(node.id, { timeoutMs: 30_000 })).node, node.id);
 });

@@ -5,7 +5,7 @@
 import test from 'ava';
 import { ProtocolError, validateFnInvoke } from '../protocol/index.ts';
 import { parsePool } from '../runtime/config.ts';
-import { exitStatusOf } from '../runtime/fncall/cli.ts';
+import { exitStatusOf } from '../ops/cli/fn.ts';
 import { aggregate, judgeRun, previewOf, sameOutput } from '../runtime/fncall/judge.ts';
 import type { RunLimits, RunOutcome } from '../runtime/fncall/member.ts';
 import { decodeAnswer, encodeJob, FrameReader, waitStatus } from '../runtime/fncall/runner.ts';

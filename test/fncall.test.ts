@@ -227,7 +227,7 @@ test('paddock fn run file.py < input', async (t) => {
   t.teardown(() => rm(dir, { recursive: true, force: true }));
   await writeFile(join(dir, 'double.py'), 'print(int(input()) * 2)\n');
   await writeFile(join(dir, 'slow.py'), 'while True: pass\n');
-  const cli = fileURLToPath(new URL('../ops/cli.ts', import.meta.url));
+  const cli = fileURLToPath(new URL('../ops/cli/main.ts', import.meta.url));
   const run = (args: string[], input: string) =>
     new Promise<{ code: number | null; stdout: string; stderr: string }>((resolve, reject) => {
       const child = spawn(process.execPath, ['--import', 'tsx', cli, 'fn', 'run', ...args], { env: { ...process.env, NATS_URL: t.context.cluster.url }, stdio: ['pipe', 'pipe', 'pipe'] });

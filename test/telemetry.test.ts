@@ -1,4 +1,5 @@
 import { readFile } from 'node:fs/promises';
+import { join } from 'node:path';
 import { context, trace } from '@opentelemetry/api';
 import { InMemorySpanExporter, SimpleSpanProcessor } from '@opentelemetry/sdk-trace-base';
 import { NodeTracerProvider } from '@opentelemetry/sdk-trace-node';
@@ -6,7 +7,7 @@ import { clusterTest } from './helpers/cluster.ts';
 
 const test = clusterTest({ env: { PADDOCK_TRACES: 'console' } });
 
-test('traceparent travels from the SDK to the node; transitions are span events', async (t) => {
+test('traceparent travels from the SDK to the node; transitions are span events; spans and log lines stay apart', async (t) => {
   const exporter = new InMemorySpanExporter();
   const provider = new NodeTracerProvider({ spanProcessors: [new SimpleSpanProcessor(exporter)] });
   provider.register();
@@ -20,16 +21,42 @@ test('traceparent travels from the SDK to the node; transitions are span events'
     await sb.kill();
   });
   root.end();
-  const logFile = t.context.cluster.nodes[0]!.logFile!;
-  // The console exporter writes each span when it ends; give the last one a moment.
-  let log = '';
-  for (let i = 0; i < 40 && !log.includes("name: 'sandbox'"); i++) {
+  await t.throwsAsync(t.context.pdk.sandboxes.create({ memoryMiB: 1 }), { message: /memoryMiB/ });
+  const node = t.context.cluster.nodes[0]!;
+  const tracesFile = join(t.context.home, 'logs', `traces-node-${node.id}.jsonl`);
+  // Each span is written when it ends; give the last one a moment.
+  let spans: { traceId: string; name: string; events: { name: string }[] }[] = [];
+  for (let i = 0; i < 40 && !spans.some((s) => s.name === 'sandbox'); i++) {
     await new Promise((r) => setTimeout(r, 50));
-    log = await readFile(logFile, 'utf8');
+    const text = await readFile(tracesFile, 'utf8').catch(() => '');
+    spans = text
+      .split('\n')
+      .filter(Boolean)
+      .map((l) => JSON.parse(l) as (typeof spans)[number]);
   }
-  t.true(log.includes(traceId), 'node spans carry the trainer trace id');
-  t.regex(log, /name: 'place\.create'/);
-  t.regex(log, /name: 'node\.create'/);
-  t.regex(log, /name: 'sandbox'/);
-  t.regex(log, /sandbox\.transition/);
+  const names = new Set(spans.filter((s) => s.traceId === traceId).map((s) => s.name));
+  t.true(names.has('place.create'), 'node spans carry the trainer trace id');
+  t.true(names.has('node.create'));
+  t.true(names.has('sandbox'));
+  t.true(spans.some((s) => s.events.some((e) => e.name === 'sandbox.transition')));
+
+  // The log: JSON lines only, the request's lines with the trainer's trace id, no span dumps.
+  const log = (await readFile(node.logFile!, 'utf8')).split('\n').filter(Boolean);
+  for (const l of log) t.notThrows(() => JSON.parse(l), `a log line that is not JSON: ${l.slice(0, 200)}`);
+  const records = log.map((l) => JSON.parse(l) as { msg: string; trace_id?: string; span_id?: string; state?: string });
+  const lifecycle = records.filter((r) => r.msg === 'sandbox running' || r.msg === 'sandbox stopped');
+  t.true(lifecycle.length >= 2, 'one info line per lifecycle change');
+  t.true(
+    lifecycle.every((r) => r.trace_id === traceId && typeof r.span_id === 'string'),
+    'lines written while handling a request carry its trace_id and span_id',
+  );
+  const refused = await (async () => {
+    for (let i = 0; i < 40; i++) {
+      const r = (await readFile(node.logFile!, 'utf8')).split('\n').find((l) => l.includes('"msg":"request refused: INVALID_SPEC"'));
+      if (r) return JSON.parse(r) as { level: number; code: string; subject: string };
+      await new Promise((res) => setTimeout(res, 50));
+    }
+    return undefined;
+  })();
+  t.like(refused, { level: 30, code: 'INVALID_SPEC', subject: 'pdk.v1.place.create' }, 'a refused request is one info line with its code');
 });

@@ -50,6 +50,7 @@ class ImagePool {
    * (reset, or replacement when they could not be reset), ms: what a caller queued behind them waits.
    */
   readonly recycleMs: number[] = [];
+  reportedMissing = false;
   constructor(
     readonly image: string,
     readonly warm: number,
@@ -242,6 +243,7 @@ export class Pools {
         p.members.add(m);
         p.lastError = undefined;
         p.failures = 0;
+        p.reportedMissing = false;
         if (this.stopping) {
           await this.retire(p, m);
           return;
@@ -251,7 +253,11 @@ export class Pools {
         p.failedAt = performance.now();
         p.lastError = err;
         p.failures++;
-        this.log.warn({ err, image: p.image, failures: p.failures }, 'FnCall: could not start a pool member');
+        if (err instanceof ProtocolError && err.code === 'INVALID_SPEC') {
+          // The image is missing (being built, or never will be): one line, not one per retry.
+          if (!p.reportedMissing) this.log.info({ image: p.image }, `FnCall: image '${p.image}' is not in this node's image store (yet): its pool waits for it`);
+          p.reportedMissing = true;
+        } else this.log.warn({ err, image: p.image, failures: p.failures }, 'FnCall: could not start a pool member');
         const waiters = this.waiting.some((w) => w.image === p.image);
         if (waiters && p.members.size === 0 && p.creating === 1) {
           if (hopeless(err, p.failures)) {

@@ -3,8 +3,9 @@
  * node takes any invocation), runs each in a fresh process tree of a warm pool member, compiles
  * when the language needs it, judges tests, and gives the member back to be made fresh again.
  */
-import { mkdir, readdir, rm } from 'node:fs/promises';
+import { mkdir, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
+import { Writable } from 'node:stream';
 import type { NatsConnection, Subscription } from '@nats-io/transport-node';
 import type { Logger } from 'pino';
 import { serve } from '../../actors/bind.ts';
@@ -13,9 +14,10 @@ import { mounts } from '../cgroups.ts';
 import type { FnConfig } from '../config.ts';
 import type { ContainerBackend } from '../container/backend.ts';
 import type { NodeImages } from '../images/node-images.ts';
+import { ImageStore } from '../images/store.ts';
 import { run } from '../proc.ts';
 import { aggregate, judgeRun, previewOf } from './judge.ts';
-import { LANGUAGES, type Language, WORK } from './languages.ts';
+import { ensureLanguageImages, LANGUAGES, type Language, WORK } from './languages.ts';
 import type { Member, RunLimits } from './member.ts';
 import { Pools } from './pool.ts';
 import { buildRunner } from './runner.ts';
@@ -25,10 +27,26 @@ const COMPILE_LIMITS: RunLimits = { timeMs: 30_000, wallMs: 60_000, memoryMiB: 1
 const RECYCLE_AFTER = 5000;
 const IDLE_MS = 60_000;
 
+/** How one FnCall image stands on a node that builds it (node.info `fnImages`). */
+export interface FnImageState {
+  state: 'building' | 'ready' | 'failed';
+  startedAt?: number;
+  /** Time still to go, estimated from this host's last build of the image. */
+  etaMs?: number;
+  error?: string;
+}
+
+/** First builds with no measurement yet: a debootstrap of bookworm minbase plus packages here took 3–5 min. */
+const FIRST_BUILD_ESTIMATE_MS = 300_000;
+const COPY_ESTIMATE_MS = 30_000;
+
 export class FnService {
   private pools?: Pools;
   private sub?: Subscription;
   private readonly dir: string;
+  private readonly building = new Map<string, FnImageState & { estimateMs: number }>();
+  private stopped = false;
+  private planned?: Promise<void>;
 
   constructor(
     private readonly o: { nc: NatsConnection; backend: ContainerBackend; images: NodeImages; cfg: FnConfig; nodeId: string; nodeDir: string; log: Logger },
@@ -54,6 +72,110 @@ export class FnService {
     pools.start(this.o.cfg.prewarm);
     this.pools = pools;
     this.sub = serve(this.o.nc, subjects.fnInvoke, { queue: FN_QUEUE, log: this.o.log, name: 'fn.invoke', maxBytes: Limits.requestBytesMax }, (req) => this.invoke(validateFnInvoke(req.body)));
+  }
+
+  /**
+   * The images the languages need, made in the background when this node's own store lacks them:
+   * copied from `copyFrom` (the host's default store) when it has them, else built (minutes).
+   * Until one is there, invocations of its languages are refused with how long is left.
+   */
+  buildImages(o: { imagesDir: string; copyFrom: string[] }): void {
+    // What is missing and how long each takes is known after a few reads; invocations that arrive
+    // before that wait for it (see invoke) rather than hear that nothing is being made.
+    const planned = (async () => {
+      const have = await this.o.images.list();
+      const missing = ['python', 'gcc'].filter((i) => !have.includes(i));
+      const times = await this.buildTimes();
+      const copyable = await Promise.all(missing.map((m) => Promise.all(o.copyFrom.map((d) => new ImageStore(d).get(m).catch(() => null))).then((r) => r.some(Boolean))));
+      missing.forEach((image, i) => {
+        this.building.set(image, { state: 'building', estimateMs: copyable[i] ? COPY_ESTIMATE_MS : (times[image] ?? FIRST_BUILD_ESTIMATE_MS) });
+      });
+      return { missing, copyable };
+    })();
+    this.planned = planned.then(
+      () => {},
+      () => {},
+    );
+    void (async () => {
+      const { missing, copyable } = await planned;
+      if (missing.length === 0) return;
+      const store = new ImageStore(o.imagesDir);
+      for (const image of missing) {
+        // stop() may have run while the previous image was made.
+        if (this.isStopped()) return;
+        const st = this.building.get(image) as FnImageState & { estimateMs: number };
+        st.startedAt = Date.now();
+        this.o.log.info({ image, progress: true }, `FnCall: making the '${image}' image in the background (about ${Math.round(st.estimateMs / 1000)} s); fn calls of its languages wait for it`);
+        try {
+          await ensureLanguageImages(store, { which: [image], progress: this.progressLog(image), copyFrom: o.copyFrom });
+          const ms = Date.now() - st.startedAt;
+          this.building.set(image, { state: 'ready', estimateMs: 0 });
+          if (!copyable[missing.indexOf(image)]) await this.saveBuildTime(image, ms);
+          this.o.log.info({ image, ms, progress: true }, `FnCall: the '${image}' image is ready (${Math.round(ms / 1000)} s)`);
+        } catch (err) {
+          this.building.set(image, { state: 'failed', estimateMs: 0, error: (err as Error).message.slice(0, 500) });
+          this.o.log.warn({ image, error: (err as Error).message.slice(0, 2000), progress: true }, `FnCall: the '${image}' image could not be made; 'paddock fn build' tries again`);
+        }
+      }
+    })();
+  }
+
+  /** Build progress (a line every few seconds) as log lines `paddock up` shows. */
+  private progressLog(image: string): Writable {
+    let buf = '';
+    return new Writable({
+      write: (chunk: Buffer, _enc, done) => {
+        buf += chunk.toString();
+        const lines = buf.split('\n');
+        buf = lines.pop() ?? '';
+        for (const l of lines) if (l.trim()) this.o.log.info({ image, progress: true }, `FnCall image ${l.trim()}`);
+        done();
+      },
+    });
+  }
+
+  private buildTimesFile(): string {
+    return join(this.o.cfg.runnerDir, 'image-build-ms.json');
+  }
+
+  private async buildTimes(): Promise<Record<string, number>> {
+    try {
+      return JSON.parse(await readFile(this.buildTimesFile(), 'utf8')) as Record<string, number>;
+    } catch {
+      return {};
+    }
+  }
+
+  private async saveBuildTime(image: string, ms: number): Promise<void> {
+    try {
+      await mkdir(this.o.cfg.runnerDir, { recursive: true });
+      await writeFile(this.buildTimesFile(), JSON.stringify({ ...(await this.buildTimes()), [image]: ms }));
+    } catch {
+      // Only an estimate for the next first start is lost.
+    }
+  }
+
+  /** How each image this node makes stands (only those it had to make). */
+  imageStates(): Record<string, FnImageState> {
+    const out: Record<string, FnImageState> = {};
+    for (const [image, s] of this.building) {
+      const { estimateMs, ...rest } = s;
+      out[image] = s.state === 'building' ? { ...rest, etaMs: this.etaMs(image) } : rest;
+    }
+    return out;
+  }
+
+  /** Until `image` is there: what is left of the builds before it (one at a time, in order) and of its own. */
+  private etaMs(image: string): number {
+    let total = 0;
+    for (const [name, s] of this.building) {
+      if (s.state !== 'building') continue;
+      const elapsed = s.startedAt === undefined ? 0 : Date.now() - s.startedAt;
+      // A build past its estimate still has a little to go.
+      total += Math.max(10_000, s.estimateMs - elapsed);
+      if (name === image) break;
+    }
+    return total;
   }
 
   /** Scratch directories of members of a previous run (their containers are the backend's to recover). */
@@ -106,8 +228,17 @@ export class FnService {
   async invoke(req: FnInvoke): Promise<FnInvokeResult> {
     const lang = req.language ? LANGUAGES[req.language] : undefined;
     const image = lang?.image ?? (req.image as string);
-    if (lang && !(await this.o.images.list()).includes(image)) {
-      throw new ProtocolError('UNAVAILABLE', `${req.language} runs in the '${image}' image, which node ${this.o.nodeId} does not have; build it with 'paddock fn build'`, { detail: { image } });
+    // `ready`: made a moment ago, after the node's image list (kept a second) was read.
+    if (lang && this.building.get(image)?.state !== 'ready' && !(await this.o.images.list()).includes(image)) {
+      await this.planned;
+      const b = this.building.get(image);
+      if (b?.state === 'building') {
+        const etaMs = this.etaMs(image);
+        throw new ProtocolError('UNAVAILABLE', `${req.language} runs in the '${image}' image, which node ${this.o.nodeId} is still making (its first start): about ${Math.ceil(etaMs / 1000)} s left`, { detail: { image, etaMs } });
+      }
+      if (b?.state === 'ready') return this.invoke(req);
+      const why = b?.state === 'failed' ? `, and could not make it (${b.error})` : '';
+      throw new ProtocolError('UNAVAILABLE', `${req.language} runs in the '${image}' image, which node ${this.o.nodeId} does not have${why}; build it with 'paddock fn build'`, { detail: { image } });
     }
     const pools = this.pools;
     if (!pools) throw new ProtocolError('UNAVAILABLE', 'FnCall is starting');
@@ -180,7 +311,12 @@ export class FnService {
     return Math.max(1024, Math.floor(max / 2) - 64 * 1024);
   }
 
+  private isStopped(): boolean {
+    return this.stopped;
+  }
+
   async stop(): Promise<void> {
+    this.stopped = true;
     this.sub?.unsubscribe();
     await this.pools?.stop();
   }

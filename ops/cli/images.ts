@@ -1,18 +1,20 @@
 /**
  * `paddock image …`: build layers and images, move them between stores, list and collect them,
- * serve a store, and read a node's layer cache counters. ops/cli.ts hands the words after `image`
- * to `imageCommand`.
+ * serve a store, and read a node's layer cache counters. Without --store, the store is the running
+ * Paddock's (named in its node records), so `image ls` lists what the nodes can use; with no
+ * Paddock running, the local one.
  */
 import { existsSync, readFileSync, statSync } from 'node:fs';
 import { dirname, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
-import type { NodeLayerStats } from '../../protocol/index.ts';
-import { loadConfig } from '../config.ts';
-import { type BuildSpec, buildImage, DEFAULT_ENV, ensurePythonImage, parseSpec } from './build.ts';
-import type { LayerStore } from './layer-store.ts';
-import { copyImage, LocalLayerStore, openStore } from './remote.ts';
-import { StoreServer } from './server.ts';
-import { ImageStore } from './store.ts';
+import { ErrorCodes, type NodeLayerStats, type NodeRecord, ProtocolError } from '../../protocol/index.ts';
+import { loadConfig } from '../../runtime/config.ts';
+import { type BuildSpec, buildImage, DEFAULT_ENV, ensurePythonImage, parseSpec } from '../../runtime/images/build.ts';
+import type { LayerStore } from '../../runtime/images/layer-store.ts';
+import { copyImage, LocalLayerStore, openStore } from '../../runtime/images/remote.ts';
+import { StoreServer } from '../../runtime/images/server.ts';
+import { type ImageManifest, ImageStore } from '../../runtime/images/store.ts';
+import { connect, type GlobalFlags, human, out, UsageError } from './common.ts';
 
 export const IMAGE_USAGE = `Usage: paddock image <command>
 
@@ -35,31 +37,58 @@ export const IMAGE_USAGE = `Usage: paddock image <command>
 
 STORE is a directory, http://host:port (a Paddock store), or rclone:<remote>:<path> (S3, GCS,
 WebDAV… through rclone). The local store is $PADDOCK_IMAGES_DIR (default $PADDOCK_HOME/images);
---store defaults to $PADDOCK_STORE_URL, else the local store.
+--store defaults to $PADDOCK_STORE_URL, else the store the running Paddock's nodes read
+(found through NATS), else the local store. build and pull write to the local store and then
+push to the running Paddock's store when there is one.
 `;
 
 export interface ImageCliIo {
   out: (s: string) => void;
   err: NodeJS.WritableStream & { isTTY?: boolean };
-  /** Connects to Paddock for `stats` (the caller knows the NATS URL and timeouts). */
-  connect?: () => Promise<{ nodes: { list(): Promise<{ node: string; ts: number; heartbeatMs: number }[]>; info(node: string): Promise<unknown> }; close(): Promise<void> }>;
+  /** Connects to Paddock for `stats` and to find its store (the caller knows the NATS URL and timeouts). */
+  connect?: () => Promise<{ nodes: { list(): Promise<NodeRecord[]>; info(node: string): Promise<unknown> }; close(): Promise<void> }>;
 }
 
 export class ImageUsageError extends Error {}
-
-function human(n: number): string {
-  if (n < 1024) return `${n} B`;
-  if (n < 1024 ** 2) return `${(n / 1024).toFixed(1)} KiB`;
-  if (n < 1024 ** 3) return `${(n / 1024 ** 2).toFixed(1)} MiB`;
-  return `${(n / 1024 ** 3).toFixed(2)} GiB`;
-}
 
 function localDir(): string {
   return loadConfig().imagesDir;
 }
 
-function storeFor(flag: string | undefined): LayerStore {
-  return openStore(flag ?? process.env.PADDOCK_STORE_URL ?? localDir());
+/** The store the live nodes read, when a Paddock answers (first node's, if they differ). */
+export async function runningStore(io: Pick<ImageCliIo, 'connect'>): Promise<string | undefined> {
+  if (!io.connect) return undefined;
+  let pdk: Awaited<ReturnType<NonNullable<ImageCliIo['connect']>>>;
+  try {
+    pdk = await io.connect();
+  } catch {
+    return undefined;
+  }
+  try {
+    const now = Date.now();
+    return (await pdk.nodes.list()).find((r) => now - r.ts < 3 * r.heartbeatMs && r.store)?.store;
+  } catch {
+    return undefined;
+  } finally {
+    await pdk.close().catch(() => {});
+  }
+}
+
+async function storeFor(flag: string | undefined, io: ImageCliIo): Promise<LayerStore> {
+  return openStore(flag ?? process.env.PADDOCK_STORE_URL ?? (await runningStore(io)) ?? localDir());
+}
+
+/** After a local build or pull: the running Paddock's nodes see the image at their next heartbeat. */
+export async function publish(m: ImageManifest, io: Pick<ImageCliIo, 'connect' | 'err'>): Promise<void> {
+  const target = process.env.PADDOCK_STORE_URL ?? (await runningStore(io));
+  if (!target) return;
+  const to = openStore(target);
+  try {
+    await copyImage(m.name, new LocalLayerStore(localDir()), to);
+    io.err.write(`${m.name}: in the running Paddock's store ${to.location}\n`);
+  } finally {
+    await to.close();
+  }
 }
 
 /** Runs one `paddock image` command; resolves to the exit status. */
@@ -94,6 +123,7 @@ export async function imageCommand(argv: string[], io: ImageCliIo): Promise<numb
       const store = new ImageStore(localDir());
       if (values.python) {
         const m = await ensurePythonImage(store, { progress: io.err });
+        await publish(m, io);
         io.out(`${m.name} ${m.layers.map((l) => l.digest.slice(7, 19)).join(' ')}\n`);
         return 0;
       }
@@ -110,6 +140,7 @@ export async function imageCommand(argv: string[], io: ImageCliIo): Promise<numb
         spec = { name: values.name, base, env: [...DEFAULT_ENV, ...(values.env ?? [])], cwd: values.cwd ?? '/' };
       }
       const m = await buildImage(spec, { store, progress: io.err, parts: values.parts });
+      await publish(m, io);
       io.out(`${m.name} ${m.layers.map((l) => l.digest.slice(7, 19)).join(' ')}\n`);
       return 0;
     }
@@ -124,6 +155,7 @@ export async function imageCommand(argv: string[], io: ImageCliIo): Promise<numb
       try {
         const [from, to] = cmd === 'push' ? [local, remote] : [remote, local];
         const m = await copyImage(name, from, to, (l, copied) => io.err.write(`${copied ? 'copied' : 'present'} ${l.digest} (${human(l.size)})\n`));
+        if (cmd === 'pull' && values.dir === undefined) await publish(m, io);
         io.out(`${m.name}: ${m.layers.length} layer(s) in ${to.location}\n`);
       } finally {
         await remote.close();
@@ -131,7 +163,7 @@ export async function imageCommand(argv: string[], io: ImageCliIo): Promise<numb
       return 0;
     }
     case 'ls': {
-      const s = storeFor(values.store);
+      const s = await storeFor(values.store, io);
       try {
         const names = await s.list();
         const rows = [];
@@ -151,7 +183,7 @@ export async function imageCommand(argv: string[], io: ImageCliIo): Promise<numb
     }
     case 'rm': {
       if (positionals.length === 0) throw new ImageUsageError('rm: which image?');
-      const s = storeFor(values.store);
+      const s = await storeFor(values.store, io);
       try {
         for (const n of positionals) await s.remove(n);
       } finally {
@@ -162,7 +194,7 @@ export async function imageCommand(argv: string[], io: ImageCliIo): Promise<numb
     case 'gc': {
       const grace = values['grace-ms'] === undefined ? 3600_000 : Number(values['grace-ms']);
       if (!Number.isFinite(grace) || grace < 0) throw new ImageUsageError('gc: --grace-ms must be a non-negative number');
-      const s = storeFor(values.store);
+      const s = await storeFor(values.store, io);
       try {
         const r = await s.gc(grace);
         if (values.json) io.out(`${JSON.stringify(r)}\n`);
@@ -219,5 +251,16 @@ export async function imageCommand(argv: string[], io: ImageCliIo): Promise<numb
       io.out(IMAGE_USAGE);
       if (cmd === undefined || cmd === 'help' || cmd === '--help' || cmd === '-h') return 0;
       throw new ImageUsageError(`unknown image command '${cmd}'`);
+  }
+}
+
+/** `image …` from the command line: its flags are its own; a usage error exits 2. */
+export async function imageCli(g: GlobalFlags, rest: string[]): Promise<number> {
+  try {
+    return await imageCommand(rest, { out, err: process.stderr, connect: () => connect(g) });
+  } catch (err) {
+    if (err instanceof ImageUsageError) throw new UsageError(`image: ${err.message}`);
+    if (err instanceof ProtocolError && ErrorCodes[err.code].fault === 'user') throw new UsageError(`image: ${err.message}`);
+    throw err;
   }
 }

@@ -1,15 +1,17 @@
 /**
  * `paddock fn …`: run a file as one FnCall invocation (`fn run file.py < input`), and build the
- * images the languages run in (`fn build`). ops/cli.ts hands the words after `fn` to `fnCommand`.
+ * images the languages run in (`fn build`; nodes also build them in the background at their
+ * first start).
  */
 import { readFile } from 'node:fs/promises';
 import { extname } from 'node:path';
 import { parseArgs } from 'node:util';
 import { type FnLanguage, FnLanguages, type FnLimits, Limits } from '../../protocol/index.ts';
-import type { FnRequest, FnResult } from '../../sdk/fn.ts';
-import { loadConfig } from '../config.ts';
-import { ImageStore } from '../images/store.ts';
-import { ensureLanguageImages } from './languages.ts';
+import { loadConfig } from '../../runtime/config.ts';
+import { ensureLanguageImages } from '../../runtime/fncall/languages.ts';
+import { type ImageManifest, ImageStore } from '../../runtime/images/store.ts';
+import type { FnRequest, FnResult } from '../../sdk/index.ts';
+import { connect, type GlobalFlags, out, UsageError } from './common.ts';
 
 export const FN_USAGE = `Usage: paddock fn <command>
 
@@ -21,7 +23,9 @@ export const FN_USAGE = `Usage: paddock fn <command>
                            .cpp .cc .sh) unless given. Exit status: the program's, 124 on
                            TIME_LIMIT, 1 on the other limits and on COMPILE_ERROR.
   build                    build the images the languages run in (python, gcc) into the local
-                           store, $PADDOCK_IMAGES_DIR (minutes the first time, then cached)
+                           store, $PADDOCK_IMAGES_DIR (minutes the first time, then cached), and
+                           put them in the running Paddock's store (nodes with a store of their
+                           own also make them in the background at their first start)
 `;
 
 export class FnUsageError extends Error {}
@@ -32,6 +36,8 @@ export interface FnCliIo {
   stderr: NodeJS.WritableStream & { isTTY?: boolean };
   stdin: NodeJS.ReadableStream & { isTTY?: boolean };
   connect: () => Promise<{ fn: { invoke(req: FnRequest): Promise<FnResult> }; close(): Promise<void> }>;
+  /** Puts a built image where the running Paddock's nodes read (when that is not the local store). */
+  publish?: (m: ImageManifest) => Promise<void>;
 }
 
 const BY_EXTENSION: Record<string, FnLanguage> = { '.py': 'python', '.c': 'c', '.cpp': 'cpp', '.cc': 'cpp', '.cxx': 'cpp', '.sh': 'bash', '.bash': 'bash' };
@@ -89,6 +95,7 @@ export async function fnCommand(argv: string[], io: FnCliIo): Promise<number> {
     case 'build': {
       const cfg = loadConfig();
       const ms = await ensureLanguageImages(new ImageStore(cfg.imagesDir), { progress: io.stderr });
+      if (io.publish) for (const m of ms) await io.publish(m);
       for (const m of ms) io.out(`${m.name} ${m.layers.map((l) => l.digest.slice(7, 19)).join(' ')}`);
       return 0;
     }
@@ -141,5 +148,16 @@ export async function fnCommand(argv: string[], io: FnCliIo): Promise<number> {
       return 0;
     default:
       throw new FnUsageError(`unknown command '${cmd}'`);
+  }
+}
+
+/** `fn …` from the command line: its flags are its own; a usage error exits 2. */
+export async function fnCli(g: GlobalFlags, rest: string[]): Promise<number> {
+  try {
+    const publish = async (m: ImageManifest) => (await import('./images.ts')).publish(m, { connect: () => connect(g), err: process.stderr });
+    return await fnCommand(rest, { out, stdout: process.stdout, stderr: process.stderr, stdin: process.stdin, connect: () => connect(g), publish });
+  } catch (err) {
+    if (err instanceof FnUsageError) throw new UsageError(`fn: ${err.message}`);
+    throw err;
   }
 }

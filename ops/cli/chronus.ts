@@ -1,6 +1,8 @@
-/** The `paddock chronus …` subcommands (wired into ops/cli.ts). */
+/** `paddock chronus export`: a rollout's trajectory (its command log) as JSONL. */
 import { createWriteStream } from 'node:fs';
 import type { Writable } from 'node:stream';
+import { type Args, positionals } from './args.ts';
+import { note, UsageError, withClient } from './common.ts';
 
 function writeLine(w: Writable, line: string): Promise<void> | undefined {
   if (w.write(`${line}\n`)) return undefined;
@@ -29,4 +31,16 @@ export async function exportCommand(lines: AsyncIterable<string>, dest?: string)
     if (!toStdout) await new Promise<void>((resolve, reject) => w.end((e?: Error | null) => (e ? reject(e) : resolve())));
   }
   return n;
+}
+
+/** `chronus export <rolloutId> [file|-]`. */
+export async function chronusCli(a: Args): Promise<number> {
+  const [verb, id, dest] = a.positionals;
+  if (verb !== 'export' || id === undefined) throw new UsageError('usage: paddock chronus export <rolloutId> [file|-]', verb !== 'export');
+  positionals(a, 2, 3, 'chronus export <rolloutId> [file|-]');
+  return withClient(a.values, async (pdk) => {
+    const n = await exportCommand(pdk.rollouts.export(id), dest);
+    if (dest !== undefined && dest !== '-') note(`wrote ${n} steps of rollout ${id} to ${dest}`);
+    return 0;
+  });
 }

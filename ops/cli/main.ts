@@ -1,0 +1,139 @@
+/**
+ * The `paddock` command line. This file parses the words and hands them to one module per group of
+ * commands (sandboxes.ts, service.ts, images.ts, fn.ts, chronus.ts), each imported only when its
+ * command runs: `paddock ps` should not load what `paddock image build` needs. Remote failures
+ * arrive as PaddockError; the fault of their code picks the exit status (2: the caller's, 1: the
+ * platform's).
+ */
+import { parseArgs } from 'node:util';
+import { Limits } from '../../protocol/index.ts';
+import { PaddockError } from '../../sdk/index.ts';
+import { GLOBAL, parse } from './args.ts';
+import { exitCodeOf, note, out, SIGPIPE_EXIT, UsageError } from './common.ts';
+
+function usage(env: Record<string, string>): string {
+  return `Usage: paddock [--nats URL] [--timeout MS] <command> [options]
+
+Run Paddock on this host:
+  up                       start an embedded nats-server (or join $NATS_URL) and one node;
+                           Ctrl-C (or 'paddock down') stops both and kills their sandboxes
+  status [--json]          NATS, nodes (capacity, load, images), placement replicas, FnCall
+                           pools and images, where the logs are
+  down                     stop what 'paddock up' / 'npm start' started, from any shell
+  logs [node|nats] [-f] [-n LINES] [--json]
+                           a node's log (or nats-server's); -f follows it
+  node                     run one node in the foreground, joining $NATS_URL
+
+Drive sandboxes:
+  create [--image busybox] [--backend container] [--cpu N] [--memory MiB] [--ttl SEC]
+         [--label k=v]... [--env K=V]... [--group G] [--json]
+                           create a sandbox; prints its id (its record with --json)
+  exec <id> [--timeout MS] [--cwd DIR] [--env K=V]... [--stdin] -- <cmd> [args...]
+                           run a command, streaming its output; exits with its exit code.
+                           --timeout kills the command after MS ms (default ${Limits.exec.timeoutMs.default});
+                           --stdin sends this command's piped stdin to it
+  ps [--label k=v]... [--group G] [--all] [--json]
+                           list live sandboxes (--all: ended ones too)
+  rm <id>...               kill sandboxes
+  info <id> [--json]       show one sandbox
+  files get <id> <path> [dest|-]   copy a file out of a sandbox (default: to stdout)
+  files put <id> <src|-> <path>    copy a local file (- = stdin) into a sandbox
+  files ls <id> <dir> [--json]     list a directory of a sandbox
+  chronus export <rolloutId> [file|-]
+                           write a rollout's trajectory (its command log) as JSONL, one line
+                           per step (default: to stdout)
+  image <build|push|pull|ls|rm|gc|serve|stats> ...
+                           layer images and stores ('paddock image help')
+  fn run <file> [--language L] [--time-limit MS] [--memory MiB] [--json] < input
+                           run a program once on any node (FnCall) and print its output and
+                           verdict; fn build: the images its languages need ('paddock fn help')
+  help                     this text
+
+Global options:
+  --nats URL               NATS to talk to (default: $NATS_URL, else the URL \`paddock up\`
+                           wrote to $PADDOCK_HOME/nats.url)
+  --timeout MS             how long to wait for answers (for exec: the command's time limit)
+  -h, --help               this text
+
+Exit status: 0 on success; exec: the command's exit code; 2 when the request was at fault
+(bad arguments, unknown sandbox, invalid spec); 1 otherwise.
+
+Environment (up, node):
+${Object.entries(env)
+  .map(([k, v]) => `  ${k.padEnd(26)} ${v}`)
+  .join('\n')}
+`;
+}
+
+async function usageText(): Promise<string> {
+  const { ENV_DOC } = await import('../../runtime/config.ts');
+  return usage(ENV_DOC);
+}
+
+async function main(argv: string[]): Promise<number> {
+  const i = argv.findIndex((w, k) => !w.startsWith('-') && argv[k - 1] !== '--nats' && argv[k - 1] !== '--timeout');
+  if (argv[i] === 'image' || argv[i] === 'fn') {
+    const g = parseArgs({ args: argv.slice(0, i), options: GLOBAL, strict: true }).values;
+    const rest = argv.slice(i + 1);
+    return argv[i] === 'image' ? (await import('./images.ts')).imageCli(g, rest) : (await import('./fn.ts')).fnCli(g, rest);
+  }
+  const a = parse(argv);
+  switch (a.cmd) {
+    case 'help':
+      out(await usageText());
+      return 0;
+    case 'up':
+      return (await import('./service.ts')).upCmd(a);
+    case 'node':
+      return (await import('./service.ts')).nodeCmd(a);
+    case 'status':
+      return (await import('./service.ts')).status(a);
+    case 'down':
+      return (await import('./service.ts')).down(a);
+    case 'logs':
+      return (await import('./service.ts')).logs(a);
+    case 'create':
+      return (await import('./sandboxes.ts')).create(a);
+    case 'exec':
+      return (await import('./sandboxes.ts')).exec(a);
+    case 'ps':
+      return (await import('./sandboxes.ts')).ps(a);
+    case 'rm':
+      return (await import('./sandboxes.ts')).rmCmd(a);
+    case 'info':
+      return (await import('./sandboxes.ts')).info(a);
+    case 'files':
+      return (await import('./sandboxes.ts')).files(a);
+    case 'chronus':
+      return (await import('./chronus.ts')).chronusCli(a);
+  }
+}
+
+// A reader that goes away early (`paddock files get … | head`) is no failure: the write that hit
+// the closed pipe ends the command quietly, as 128 + SIGPIPE, instead of an unhandled 'error'.
+for (const stream of [process.stdout, process.stderr]) stream.on('error', () => {});
+
+/** Says what went wrong on stderr and picks the exit status. */
+async function report(err: unknown): Promise<number> {
+  if (err instanceof Error && (err as NodeJS.ErrnoException).code === 'EPIPE') return SIGPIPE_EXIT;
+  if (err instanceof UsageError) {
+    note(err.message);
+    process.stderr.write(err.showUsage ? `\n${await usageText()}` : "Run 'paddock help' for usage.\n");
+  } else if (err instanceof PaddockError) {
+    note(`${err.code}: ${err.message}`);
+  } else {
+    note(err instanceof Error ? err.message : String(err));
+  }
+  return exitCodeOf(err);
+}
+
+let code: number;
+try {
+  code = await main(process.argv.slice(2));
+} catch (err) {
+  code = await report(err);
+}
+// Exit now rather than when the event loop empties: `up` and `logs -f` leave handlers and timers
+// behind, and a finished command has nothing left to wait for once its output is flushed.
+// (stdout and stderr are synchronous on Linux for files, pipes and terminals: nothing is lost.)
+process.exit(code);

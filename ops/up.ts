@@ -1,0 +1,219 @@
+/**
+ * `paddock up` (and `npm start`): the process supervisor of a one-host Paddock. It starts an
+ * embedded nats-server (or joins $NATS_URL) and one node, writes down where they are
+ * ($PADDOCK_HOME/nats.url for clients, $PADDOCK_HOME/paddock.pid for `paddock down`), and on
+ * SIGINT, SIGTERM or SIGHUP stops the node (which kills its sandboxes) and then nats-server.
+ *
+ * Both children run in process groups of their own: a terminal's Ctrl-C reaches only this process
+ * (and whatever ran it, such as npm), so nats-server does not die before the node has recorded its
+ * sandboxes' end through it. Both also die with this process, however it dies (pdeathsig).
+ */
+import { readFileSync } from 'node:fs';
+import { mkdir, readFile, rename, rm, writeFile } from 'node:fs/promises';
+import { createConnection } from 'node:net';
+import { hostname } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { DEFAULT_HOME, logsDir, natsUrlFile, upPidFile } from '../protocol/discovery.ts';
+import { sanitizeId } from '../runtime/config.ts';
+import { type NodeProcess, startNode } from './local.ts';
+import { type EmbeddedNats, startNats } from './nats.ts';
+
+/** What $PADDOCK_HOME/paddock.pid says about the `paddock up` serving that home. */
+export interface UpRecord {
+  pid: number;
+  home: string;
+  nats: string;
+  /** nats-server's pid when `up` started it (not when it joined one). */
+  natsPid?: number;
+  node: string;
+  nodePid?: number;
+  logs: string;
+  startedAt: number;
+}
+
+/** The live `paddock up` of `home`, if any (a pid file whose process is gone is stale). */
+export function readUpRecord(home: string): UpRecord | undefined {
+  let r: UpRecord;
+  try {
+    r = JSON.parse(readFileSync(upPidFile(home), 'utf8')) as UpRecord;
+  } catch {
+    return undefined;
+  }
+  return typeof r.pid === 'number' && alive(r.pid) ? r : undefined;
+}
+
+export function alive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (e) {
+    return (e as NodeJS.ErrnoException).code === 'EPERM';
+  }
+}
+
+/** Whether something accepts connections at a nats:// URL: tells a live Paddock from a stale URL file. */
+export function reachable(url: string, timeoutMs = 1000): Promise<boolean> {
+  let u: URL;
+  try {
+    u = new URL(url);
+  } catch {
+    return Promise.resolve(false);
+  }
+  return new Promise((resolve) => {
+    const sock = createConnection({ host: u.hostname, port: Number(u.port || 4222) });
+    const done = (ok: boolean) => {
+      sock.destroy();
+      resolve(ok);
+    };
+    sock.setTimeout(timeoutMs, () => done(false));
+    sock.once('connect', () => done(true));
+    sock.once('error', () => done(false));
+  });
+}
+
+/** Write then rename: a reader never sees half a file. */
+async function writeAtomic(file: string, text: string): Promise<void> {
+  await writeFile(`${file}.tmp`, text);
+  await rename(`${file}.tmp`, file);
+}
+
+/** Removes `file` if it still says `text` (a later `up` of the same home may have replaced it). */
+async function removeIfOurs(file: string, test: (s: string) => boolean): Promise<void> {
+  const now = await readFile(file, 'utf8').catch(() => '');
+  if (now && test(now)) await rm(file, { force: true });
+}
+
+export class UpError extends Error {}
+
+/**
+ * Runs until a signal (or the death of a child) ends it; resolves to the exit status. `say` gets
+ * what a person at the terminal reads; `show` the banner.
+ */
+export async function up(o: { nats?: string; say: (s: string) => void; show: (s: string) => void }): Promise<number> {
+  const home = process.env.PADDOCK_HOME || DEFAULT_HOME;
+  const urlFile = natsUrlFile(home);
+  const pidFile = upPidFile(home);
+  const logs = logsDir(home);
+  const joinUrl = o.nats ?? process.env.NATS_URL;
+  const nodeId = sanitizeId(process.env.PADDOCK_NODE_ID || hostname());
+
+  const running = readUpRecord(home);
+  if (running) throw new UpError(`Paddock is already up for ${home} (pid ${running.pid}, NATS ${running.nats}); 'paddock down' stops it`);
+
+  let nats: EmbeddedNats | undefined;
+  let node: NodeProcess | undefined;
+  let starting: Promise<NodeProcess> | undefined;
+  let wroteUrl: string | undefined;
+  let wrotePid = false;
+  let stopping = false;
+  let finish: (code: number) => void = () => {};
+  const finished = new Promise<number>((r) => {
+    finish = r;
+  });
+
+  const teardown = async () => {
+    // startNode hands out no process until the node is ready: wait for it, then stop it, so a
+    // stop during the first start (busybox layer build) leaves no node behind.
+    if (!node && starting !== undefined) node = await starting.catch(() => undefined);
+    await node?.stop();
+    await nats?.stop();
+    if (wroteUrl !== undefined) await removeIfOurs(urlFile, (s) => s.trim() === wroteUrl);
+    if (wrotePid) await removeIfOurs(pidFile, (s) => s.includes(`"pid":${process.pid},`));
+  };
+  const shutdown = (why: string, code: number) => {
+    if (stopping) return;
+    stopping = true;
+    o.say(`${why}: stopping (the node kills its sandboxes)…`);
+    teardown().then(
+      () => {
+        o.say('stopped');
+        finish(code);
+      },
+      (err: unknown) => {
+        o.say(`stop failed: ${(err as Error).message}`);
+        finish(1);
+      },
+    );
+  };
+  for (const sig of ['SIGINT', 'SIGTERM', 'SIGHUP'] as const) process.on(sig, () => shutdown(sig, 0));
+
+  const record = (extra: Partial<UpRecord>): UpRecord => ({ pid: process.pid, home, nats: joinUrl ?? '', node: nodeId, logs, startedAt: Date.now(), ...extra });
+  try {
+    await mkdir(home, { recursive: true });
+    // Written first, so that `paddock down` can stop a start that is still under way.
+    await writeAtomic(pidFile, `${JSON.stringify(record({}))}\n`);
+    wrotePid = true;
+    let natsUrl: string;
+    if (joinUrl) {
+      natsUrl = joinUrl;
+      o.say(`joining NATS at ${natsUrl}`);
+    } else {
+      const previous = (await readFile(urlFile, 'utf8').catch(() => '')).trim();
+      if (previous && (await reachable(previous))) {
+        throw new UpError(`a NATS is already serving at ${previous} (${urlFile}); stop it first, or set PADDOCK_HOME or NATS_URL`);
+      }
+      o.say(`starting nats-server (data in ${join(home, 'nats')}, log in ${join(logs, 'nats-server.log')})`);
+      nats = await startNats({ dataDir: join(home, 'nats'), logFile: join(logs, 'nats-server.log') });
+      natsUrl = nats.url;
+      nats.proc.once('exit', (c, s) => shutdown(`nats-server exited (${s ?? c}); see ${join(logs, 'nats-server.log')}`, 1));
+      await writeAtomic(urlFile, `${natsUrl}\n`);
+      wroteUrl = natsUrl;
+    }
+    if (stopping) return await finished;
+    await writeAtomic(pidFile, `${JSON.stringify(record({ nats: natsUrl, ...(nats?.proc.pid ? { natsPid: nats.proc.pid } : {}) }))}\n`);
+    o.say(`starting node ${nodeId} (it builds the busybox base layer when missing; log in ${join(logs, `node-${nodeId}.log`)})`);
+    starting = startNode({ natsUrl, home, id: nodeId, inheritLogs: false, onLine: (l) => progressLine(l, o.say) });
+    node = await starting;
+    const nd = node;
+    void nd.exited.then((c) => shutdown(`node ${nd.id} exited with code ${c}; see ${nd.logFile ?? 'its log'}`, 1));
+    if (stopping) return await finished;
+    await writeAtomic(pidFile, `${JSON.stringify(record({ nats: natsUrl, ...(nats?.proc.pid ? { natsPid: nats.proc.pid } : {}), ...(nd.proc.pid ? { nodePid: nd.proc.pid } : {}) }))}\n`);
+    o.show(banner({ root: fileURLToPath(new URL(import.meta.url.endsWith('.js') ? '../../' : '../', import.meta.url)).replace(/\/$/, ''), natsUrl, embedded: nats !== undefined, home, nodeId, logs, urlFile, placement: process.env.PADDOCK_PLACEMENT !== '0' }));
+    return await finished;
+  } catch (err) {
+    // A shutdown already under way owns the teardown and the exit.
+    if (stopping) return await finished;
+    stopping = true;
+    await teardown().catch(() => {});
+    throw err;
+  }
+}
+
+/** The node's own progress lines that a person starting Paddock wants to see (FnCall images). */
+function progressLine(line: string, say: (s: string) => void): void {
+  if (!line.includes('"progress":true')) return;
+  try {
+    const r = JSON.parse(line) as { msg?: string };
+    if (r.msg) say(r.msg);
+  } catch {
+    // A line that is not a log record is nothing to show.
+  }
+}
+
+function banner(b: { root: string; natsUrl: string; embedded: boolean; home: string; nodeId: string; logs: string; urlFile: string; placement: boolean }): string {
+  const homeEnv = b.home === DEFAULT_HOME ? '' : `PADDOCK_HOME=${b.home} `;
+  return `Paddock is up.
+  NATS:  ${b.natsUrl}${b.embedded ? ` (embedded nats-server; URL written to ${b.urlFile})` : ' (joined)'}
+  node:  ${b.nodeId}${b.placement ? ' (with a placement replica)' : ''}, home ${b.home}
+  logs:  ${b.logs}/ (paddock logs [-f])
+
+From another shell (the CLI and the SDK find it through ${b.embedded ? `${b.urlFile}, or` : ''} NATS_URL):
+  export NATS_URL=${b.natsUrl}
+  paddock status
+  paddock create --label job=demo          # prints a sandbox id
+  paddock exec <id> -- sh -c 'echo hello from $(hostname)'
+  paddock ps
+  paddock rm <id>
+(\`paddock\` is ops/bin/paddock in the clone: export PATH=${b.root}/ops/bin:$PATH, or \`npm link\`.)
+
+Or from TypeScript:
+  import { Paddock } from 'paddock';
+  const pdk = await Paddock.connect({ servers: '${b.natsUrl}' });
+  const sb = await pdk.sandboxes.create({ image: 'busybox', labels: { job: 'demo' } });
+  console.log((await sb.exec(['echo', 'hello'])).stdout);
+  await sb.kill();
+  await pdk.close();
+
+To stop: Ctrl-C here, or \`${homeEnv}paddock down\` from any shell (the node kills its sandboxes${b.embedded ? ', then nats-server stops' : ''}).`;
+}
