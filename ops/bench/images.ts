@@ -4,6 +4,7 @@
  *
  *   npm run bench:images [-- --n 64] [-- --link 1gbit|10gbit|none] [-- --json]
  *                        [-- --modes lazy,eager,local] [-- --no-tar] [-- --image python|busybox]
+ *                        [-- --chunk BYTES]
  *
  * The link (link.ts): the store runs in a network namespace of its own, reached over a veth pair
  * shaped with tbf on the store's side; the node, its NATS and this benchmark's client run in the
@@ -23,13 +24,17 @@
  *    fetched over the link and extracted per sandbox (an overlay over it); each sandbox (a chroot
  *    in its overlay) runs the same sequence. The base layer is local for both.
  *
+ * `--chunk` re-indexes the image's layers at another chunk size into a store of hard links beside
+ * the real one (the index is per blob, so one store holds one chunk size per layer), to measure the
+ * lazy loader's trade-off between fetching more than is read and making more requests.
+ *
  * Bytes over the link are the client end's receive counter (for `--link none`, the store's bytes
  * served). Disk writes are the kernel's per-process write accounting (/proc/<pid>/io write_bytes,
  * reaped children included) of the node and its layer daemon, or of this process for part b: the
  * host's own disk counters also count the other work on a shared machine, and are shown beside.
  */
 import { type ChildProcess, spawn } from 'node:child_process';
-import { mkdir, mkdtemp, readFile, rm, stat, writeFile } from 'node:fs/promises';
+import { link as hardLink, mkdir, mkdtemp, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import { request } from 'node:http';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -39,6 +44,7 @@ import type { LayerReadStats } from '../../runtime/images/cache.ts';
 import { loadConfig } from '../../runtime/config.ts';
 import { ensurePythonImage } from '../../runtime/images/build.ts';
 import { ensureBusyboxImage } from '../../runtime/images/busybox.ts';
+import { DEFAULT_CHUNK } from '../../runtime/images/chunks.ts';
 import { MS_RDONLY, sysMount } from '../../runtime/images/fuse.ts';
 import { httpDownload } from '../../runtime/images/http.ts';
 import { type ImageManifest, ImageStore } from '../../runtime/images/store.ts';
@@ -49,7 +55,7 @@ import { cleanUp, cleanUpOnSignals, onCleanup, progress, runMain, UsageError } f
 import { clientRxBytes, createLink, type LinkRate, parseLinkRate, removeStaleLinks, servedBytes } from './link.ts';
 import { percentile } from './stats.ts';
 
-const USAGE = 'usage: images.ts [--n N] [--link 1gbit|10gbit|none] [--modes lazy,eager,local] [--no-tar] [--image python|busybox] [--json]';
+const USAGE = 'usage: images.ts [--n N] [--link 1gbit|10gbit|none] [--modes lazy,eager,local] [--no-tar] [--image python|busybox] [--chunk BYTES] [--json]';
 
 type Mode = 'lazy' | 'eager' | 'local';
 const MODES: readonly Mode[] = ['lazy', 'eager', 'local'];
@@ -77,6 +83,8 @@ interface Options {
   modes: Mode[];
   tar: boolean;
   image: 'python' | 'busybox';
+  /** Chunk size of the lazy loader's index for the image's layers (bytes). */
+  chunk: number;
 }
 
 interface ModeResult {
@@ -101,7 +109,7 @@ interface DeliveryResult {
 }
 
 function parseArgs(argv: string[]): Options {
-  const o: Options = { n: 64, json: false, link: '1gbit', modes: [...MODES], tar: true, image: 'python' };
+  const o: Options = { n: 64, json: false, link: '1gbit', modes: [...MODES], tar: true, image: 'python', chunk: DEFAULT_CHUNK };
   const value = (i: number, name: string): [string, number] => {
     const a = argv[i] as string;
     if (a === name) {
@@ -142,6 +150,12 @@ function parseArgs(argv: string[]): Options {
       i = j;
       if (v !== 'python' && v !== 'busybox') throw new UsageError(`--image: python or busybox, got ${v}\n${USAGE}`);
       o.image = v;
+    } else if (is('--chunk')) {
+      const [v, j] = value(i, '--chunk');
+      i = j;
+      o.chunk = Number(v);
+      // The store's own bounds on a layer's chunk (store.ts checkManifest).
+      if (!Number.isInteger(o.chunk) || o.chunk < 4096 || o.chunk > 16 * 1024 * 1024 || o.chunk % 4096 !== 0) throw new UsageError(`--chunk: a multiple of 4096 from 4096 to 16 MiB, got ${v}\n${USAGE}`);
     } else if (a === '-h' || a === '--help') {
       process.stdout.write(`${USAGE}\n`);
       process.exit(0);
@@ -217,7 +231,22 @@ async function outer(o: Options, args: string[]): Promise<number> {
   const store = new ImageStore(imagesDir);
   // Built here, before the benchmark enters a namespace with no way out: debootstrap needs a mirror.
   progress(`${o.image} image in ${imagesDir}${o.image === 'python' ? ' (built once; ~3 min the first time)' : ''}`);
-  await (o.image === 'python' ? ensurePythonImage(store) : ensureBusyboxImage(store));
+  const img = await (o.image === 'python' ? ensurePythonImage(store) : ensureBusyboxImage(store));
+  let servedDir = imagesDir;
+  if (o.chunk !== DEFAULT_CHUNK) {
+    servedDir = join(imagesDir, 'tmp', `bench-chunk-${process.pid}`);
+    onCleanup('chunk store', () => rm(servedDir, { recursive: true, force: true }));
+    progress(`re-indexing ${o.image}'s layers at ${o.chunk}-byte chunks in ${servedDir}`);
+    const alt = new ImageStore(servedDir);
+    await alt.init();
+    const layers = [];
+    for (const l of img.layers) {
+      const tmp = alt.tmpPath('chunk');
+      await hardLink(store.blobPath(l.digest), tmp);
+      layers.push(await alt.importBlob(tmp, l.digest, o.chunk));
+    }
+    await alt.putManifest({ ...img, layers });
+  }
   const filesDir = await mkdtemp(join(tmpdir(), 'paddock-bench-files-'));
   onCleanup('files', () => rm(filesDir, { recursive: true, force: true }));
 
@@ -228,7 +257,7 @@ async function outer(o: Options, args: string[]): Promise<number> {
   }
   const tsx = import.meta.resolve('tsx');
   const storeMain = fileURLToPath(new URL('./store-main.ts', import.meta.url));
-  const storeArgv = [process.execPath, '--import', tsx, storeMain, imagesDir, filesDir, link ? link.storeAddr : '127.0.0.1'];
+  const storeArgv = [process.execPath, '--import', tsx, storeMain, servedDir, filesDir, link ? link.storeAddr : '127.0.0.1'];
   const [scmd, ...sargs] = link ? link.enter('store', storeArgv) : storeArgv;
   const storeProc = spawn(scmd as string, sargs, { stdio: ['pipe', 'pipe', 'inherit'] });
   onCleanup('store', () => stopChild(storeProc, 5000));
@@ -250,6 +279,7 @@ async function outer(o: Options, args: string[]): Promise<number> {
     env: {
       ...process.env,
       PADDOCK_BENCH_NS: '1',
+      PADDOCK_IMAGES_DIR: servedDir,
       PADDOCK_BENCH_STORE: urls.store,
       PADDOCK_BENCH_FILES_URL: urls.files,
       PADDOCK_BENCH_FILES_DIR: filesDir,
@@ -413,7 +443,8 @@ async function deliveryRun(o: { kind: 'layers' | 'tar'; n: number; root: string;
         ? await Promise.all(
             o.layers.map(async (hex) => {
               const file = join(dir, 'fetched', `${hex}.erofs`);
-              fetched += await httpDownload(`${o.env.storeUrl}/blobs/sha256/${hex}.erofs`, file, { idleMs: 30_000 });
+              const got = await httpDownload(`${o.env.storeUrl}/blobs/sha256/${hex}.erofs`, file, { idleMs: 30_000 });
+              fetched += got;
               return mnt(file);
             }),
           )
@@ -425,7 +456,8 @@ async function deliveryRun(o: { kind: 'layers' | 'tar'; n: number; root: string;
         for (const d of ['upper', 'work', 'root', 'unpacked']) await mkdir(join(sb, d), { recursive: true });
         let lowers: string[];
         if (o.kind === 'tar') {
-          fetched += await fetchAndUnpack(`${o.env.filesUrl}/${TAR_NAME}`, join(sb, 'unpacked'));
+          const got = await fetchAndUnpack(`${o.env.filesUrl}/${TAR_NAME}`, join(sb, 'unpacked'));
+          fetched += got;
           lowers = [join(sb, 'unpacked'), baseDir];
         } else lowers = [...shared].reverse().concat(baseDir);
         await run('mount', ['-t', 'overlay', 'overlay', '-o', `lowerdir=${lowers.join(':')},upperdir=${join(sb, 'upper')},workdir=${join(sb, 'work')}`, join(sb, 'root')]);
@@ -519,7 +551,7 @@ function report(o: Options, r: { results: Partial<Record<Mode, ModeResult>>; tar
   const check = (ok: boolean) => (ok ? 'meets' : 'MISSES');
   const { lazy, eager, local } = r.results;
   const lines = [
-    `link: ${o.link === 'none' ? 'none (store on loopback)' : `${o.link}, tbf on a veth between two network namespaces`}`,
+    `link: ${o.link === 'none' ? 'none (store on loopback)' : `${o.link}, tbf on a veth between two network namespaces`}; lazy chunks of ${o.chunk / 1024} KiB`,
     `a) ${o.n} sandboxes of ${o.image} (${mib(r.imageBytes)} in ${r.layerCount} layers), tool calls: ${SEQUENCES[o.image].map((c) => c.slice(0, 2).join(' ')).join('; ')}`,
     '   mode    wall      over the link   fetched      read      disk written   first exec p50 / p95   failures',
     ...MODES.filter((m) => r.results[m]).map((m) => {
@@ -552,7 +584,7 @@ function report(o: Options, r: { results: Partial<Record<Mode, ModeResult>>; tar
   process.stdout.write(`${lines.join('\n')}\n`);
   if (o.json) {
     const round = (m: ModeResult | DeliveryResult) => Object.fromEntries(Object.entries(m).map(([k, v]) => [k, Math.round(v as number)]));
-    const out: Record<string, unknown> = { link: o.link, n: o.n, image: o.image, imageBytes: r.imageBytes };
+    const out: Record<string, unknown> = { link: o.link, n: o.n, image: o.image, chunk: o.chunk, imageBytes: r.imageBytes };
     for (const m of MODES) if (r.results[m]) out[m] = round(r.results[m] as ModeResult);
     if (tar && layers) {
       out.tar = round(tar);
