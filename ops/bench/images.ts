@@ -4,7 +4,7 @@
  *
  *   npm run bench:images [-- --n 64] [-- --link 1gbit|10gbit|none] [-- --json]
  *                        [-- --modes lazy,eager,local] [-- --no-tar] [-- --image python|busybox]
- *                        [-- --chunk BYTES]
+ *                        [-- --chunk BYTES] [-- --readahead KIB]
  *
  * The link (link.ts): the store runs in a network namespace of its own, reached over a veth pair
  * shaped with tbf on the store's side; the node, its NATS and this benchmark's client run in the
@@ -55,7 +55,7 @@ import { cleanUp, cleanUpOnSignals, onCleanup, progress, runMain, UsageError } f
 import { clientRxBytes, createLink, type LinkRate, parseLinkRate, removeStaleLinks, servedBytes } from './link.ts';
 import { percentile } from './stats.ts';
 
-const USAGE = 'usage: images.ts [--n N] [--link 1gbit|10gbit|none] [--modes lazy,eager,local] [--no-tar] [--image python|busybox] [--chunk BYTES] [--json]';
+const USAGE = 'usage: images.ts [--n N] [--link 1gbit|10gbit|none] [--modes lazy,eager,local] [--no-tar] [--image python|busybox] [--chunk BYTES] [--readahead KIB] [--json]';
 
 type Mode = 'lazy' | 'eager' | 'local';
 const MODES: readonly Mode[] = ['lazy', 'eager', 'local'];
@@ -85,6 +85,8 @@ interface Options {
   image: 'python' | 'busybox';
   /** Chunk size of the lazy loader's index for the image's layers (bytes). */
   chunk: number;
+  /** The kernel's read-ahead on lazily loaded layers, KiB; undefined: its default. */
+  readaheadKiB?: number;
 }
 
 interface ModeResult {
@@ -156,6 +158,11 @@ function parseArgs(argv: string[]): Options {
       o.chunk = Number(v);
       // The store's own bounds on a layer's chunk (store.ts checkManifest).
       if (!Number.isInteger(o.chunk) || o.chunk < 4096 || o.chunk > 16 * 1024 * 1024 || o.chunk % 4096 !== 0) throw new UsageError(`--chunk: a multiple of 4096 from 4096 to 16 MiB, got ${v}\n${USAGE}`);
+    } else if (is('--readahead')) {
+      const [v, j] = value(i, '--readahead');
+      i = j;
+      o.readaheadKiB = Number(v);
+      if (!Number.isInteger(o.readaheadKiB) || o.readaheadKiB < 0) throw new UsageError(`--readahead: whole KiB (0: none), got ${v}\n${USAGE}`);
     } else if (a === '-h' || a === '--help') {
       process.stdout.write(`${USAGE}\n`);
       process.exit(0);
@@ -233,7 +240,7 @@ async function outer(o: Options, args: string[]): Promise<number> {
   progress(`${o.image} image in ${imagesDir}${o.image === 'python' ? ' (built once; ~3 min the first time)' : ''}`);
   const img = await (o.image === 'python' ? ensurePythonImage(store) : ensureBusyboxImage(store));
   let servedDir = imagesDir;
-  if (o.chunk !== DEFAULT_CHUNK) {
+  if (img.layers.some((l) => (l.chunk ?? DEFAULT_CHUNK) !== o.chunk)) {
     servedDir = join(imagesDir, 'tmp', `bench-chunk-${process.pid}`);
     onCleanup('chunk store', () => rm(servedDir, { recursive: true, force: true }));
     progress(`re-indexing ${o.image}'s layers at ${o.chunk}-byte chunks in ${servedDir}`);
@@ -318,7 +325,7 @@ async function workspaceDir(root: string): Promise<string> {
 
 let current: LocalCluster | undefined;
 
-async function modeRun(o: { mode: 'lazy' | 'eager'; cacheDir: string; n: number; home: string; image: Options['image']; ws: string; env: Env }): Promise<ModeResult> {
+async function modeRun(o: { mode: 'lazy' | 'eager'; cacheDir: string; n: number; home: string; image: Options['image']; ws: string; env: Env; readaheadKiB?: number }): Promise<ModeResult> {
   const cluster = await startLocalCluster({
     home: o.home,
     nodes: 1,
@@ -332,6 +339,7 @@ async function modeRun(o: { mode: 'lazy' | 'eager'; cacheDir: string; n: number;
       // Every sandbox asks for a core: room for N of them on this node's two.
       PADDOCK_CPU_OVERCOMMIT: String(Math.max(16, Math.ceil(o.n / 2) + 1)),
       PADDOCK_STORE_TIMEOUT_MS: '30000',
+      ...(o.readaheadKiB === undefined ? {} : { PADDOCK_LAYER_READAHEAD_KB: String(o.readaheadKiB) }),
     },
   });
   current = cluster;
@@ -513,7 +521,7 @@ async function inner(o: Options): Promise<void> {
   const eagerCache = join(root, 'cache-eager');
   for (const mode of o.modes) {
     progress(`a) ${mode}: ${o.n} sandboxes, ${mode === 'local' ? 'every layer already in the cache' : 'empty cache'}`);
-    results[mode] = await modeRun({ mode: mode === 'eager' ? 'eager' : 'lazy', cacheDir: mode === 'lazy' ? lazyCache : eagerCache, n: o.n, home: join(root, `home-${mode}`), image: o.image, ws: wsName, env });
+    results[mode] = await modeRun({ mode: mode === 'eager' ? 'eager' : 'lazy', cacheDir: mode === 'lazy' ? lazyCache : eagerCache, n: o.n, home: join(root, `home-${mode}`), image: o.image, ws: wsName, env, readaheadKiB: o.readaheadKiB });
   }
 
   let tar: DeliveryResult | undefined;
@@ -551,7 +559,7 @@ function report(o: Options, r: { results: Partial<Record<Mode, ModeResult>>; tar
   const check = (ok: boolean) => (ok ? 'meets' : 'MISSES');
   const { lazy, eager, local } = r.results;
   const lines = [
-    `link: ${o.link === 'none' ? 'none (store on loopback)' : `${o.link}, tbf on a veth between two network namespaces`}; lazy chunks of ${o.chunk / 1024} KiB`,
+    `link: ${o.link === 'none' ? 'none (store on loopback)' : `${o.link}, tbf on a veth between two network namespaces`}; lazy chunks of ${o.chunk / 1024} KiB, kernel read-ahead ${o.readaheadKiB === undefined ? 'its default' : `${o.readaheadKiB} KiB`}`,
     `a) ${o.n} sandboxes of ${o.image} (${mib(r.imageBytes)} in ${r.layerCount} layers), tool calls: ${SEQUENCES[o.image].map((c) => c.slice(0, 2).join(' ')).join('; ')}`,
     '   mode    wall      over the link   fetched      read      disk written   first exec p50 / p95   failures',
     ...MODES.filter((m) => r.results[m]).map((m) => {
@@ -584,7 +592,7 @@ function report(o: Options, r: { results: Partial<Record<Mode, ModeResult>>; tar
   process.stdout.write(`${lines.join('\n')}\n`);
   if (o.json) {
     const round = (m: ModeResult | DeliveryResult) => Object.fromEntries(Object.entries(m).map(([k, v]) => [k, Math.round(v as number)]));
-    const out: Record<string, unknown> = { link: o.link, n: o.n, image: o.image, chunk: o.chunk, imageBytes: r.imageBytes };
+    const out: Record<string, unknown> = { link: o.link, n: o.n, image: o.image, chunk: o.chunk, readaheadKiB: o.readaheadKiB ?? null, imageBytes: r.imageBytes };
     for (const m of MODES) if (r.results[m]) out[m] = round(r.results[m] as ModeResult);
     if (tar && layers) {
       out.tar = round(tar);

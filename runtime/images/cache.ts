@@ -15,7 +15,7 @@ import { type FileHandle, mkdir, open, readdir, readFile, rename, rm, stat, writ
 import { Agent } from 'node:http';
 import { join } from 'node:path';
 import type { LayerCacheStats, LayerCounters, LayerLoadMode, LayerStats } from '../../protocol/index.ts';
-import { chunkCount, verifyChunk } from './chunks.ts';
+import { chunkCount, DEFAULT_CHUNK, verifyChunk } from './chunks.ts';
 import { Errno, FuseError } from './fuse.ts';
 import { httpDownload, httpRequest } from './http.ts';
 
@@ -128,7 +128,7 @@ export class LayerCache {
     const hex = ref.digest.replace(/^sha256:/, '');
     let l = this.layers.get(hex);
     if (!l) {
-      l = this.blank(hex, ref.size, ref.chunk ?? 64 * 1024, null);
+      l = this.blank(hex, ref.size, ref.chunk ?? DEFAULT_CHUNK, null);
       this.layers.set(hex, l);
     }
     return l;
