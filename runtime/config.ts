@@ -26,6 +26,8 @@ export interface NodeConfig {
     timeoutMs: number;
     /** A layer no sandbox uses stays mounted this long. */
     idleMs: number;
+    /** The kernel's read-ahead on lazily loaded layers, KiB; undefined: the kernel's default. */
+    readaheadKiB?: number;
   };
   /** This node's own state: crun root, sandbox bundles, layer mounts. */
   nodeDir: string;
@@ -107,6 +109,7 @@ export const ENV_DOC: Record<string, string> = {
   PADDOCK_LAYER_CACHE_BYTES: 'layer cache budget; unused layers are evicted past it (default 10737418240)',
   PADDOCK_STORE_TIMEOUT_MS: 'one store request times out after this; a lazy read gives EIO after 2 tries (default 5000)',
   PADDOCK_LAYER_IDLE_MS: 'a layer no sandbox uses is unmounted after this (default 60000)',
+  PADDOCK_LAYER_READAHEAD_KB: "the kernel's read-ahead on lazily loaded layers, KiB (default: the kernel's, 128)",
   PADDOCK_NODE_ID: 'node id (default: the host name)',
   PADDOCK_PLACEMENT: '1 = this node also runs a placement replica (default 1)',
   PADDOCK_CPU_OVERCOMMIT: 'CPU capacity = cores × this (default 16)',
@@ -138,6 +141,13 @@ export const ENV_DOC: Record<string, string> = {
 };
 
 const numEnv = positiveEnv;
+
+function readaheadEnv(v: string | undefined): number | undefined {
+  if (v === undefined || v === '') return undefined;
+  const n = Number(v);
+  if (!Number.isInteger(n) || n < 0) throw new Error(`PADDOCK_LAYER_READAHEAD_KB=${v}: must be a whole number of KiB (0: none)`);
+  return n;
+}
 
 function layerMode(v: string | undefined): 'lazy' | 'eager' {
   if (v === undefined || v === '' || v === 'lazy') return 'lazy';
@@ -174,6 +184,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): NodeConfig {
       cacheBytes: numEnv(env, 'PADDOCK_LAYER_CACHE_BYTES', 10 * 1024 ** 3),
       timeoutMs: numEnv(env, 'PADDOCK_STORE_TIMEOUT_MS', 5000),
       idleMs: numEnv(env, 'PADDOCK_LAYER_IDLE_MS', 60_000),
+      readaheadKiB: readaheadEnv(env.PADDOCK_LAYER_READAHEAD_KB),
     },
     nodeDir: join(home, 'nodes', nodeId),
     binDir: binDir(env.PADDOCK_BIN_DIR || '/var/cache/paddock/bin'),

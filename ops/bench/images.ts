@@ -1,73 +1,181 @@
 /**
- * The image benchmark: a small replica of the paper's two image experiments on this machine.
+ * The image benchmark: the paper's two image experiments on this machine, with the layer store
+ * behind a shaped network link.
  *
- *   npm run bench:images [-- --n 32] [-- --json]
+ *   npm run bench:images [-- --n 64] [-- --link 1gbit|10gbit|none] [-- --json]
+ *                        [-- --modes lazy,eager,local] [-- --no-tar] [-- --image python|busybox]
+ *                        [-- --chunk BYTES] [-- --readahead KIB]
+ *
+ * The link (link.ts): the store runs in a network namespace of its own, reached over a veth pair
+ * shaped with tbf on the store's side; the node, its NATS and this benchmark's client run in the
+ * other namespace of the pair. `--link none` serves the store on loopback instead (no namespaces).
+ * Namespaces are removed at the end, on SIGINT/SIGTERM, and (left by a run killed outright) at the
+ * start of the next run.
  *
  * a) lazy vs eager vs local: N sandboxes of the `python` image (bookworm + python3 + pytest + git,
  *    built once into $PADDOCK_IMAGES_DIR) with a small pytest workspace on top, all created at
  *    once, each running a recorded tool-call sequence (python3 imports, pytest, git status).
- *    lazy: a node with an empty layer cache loading layers on first read from its store;
+ *    lazy: a node with an empty layer cache loading layers on first read from the store;
  *    eager: a node with an empty cache downloading whole layers before mounting;
  *    local: a node whose cache already holds every layer (what eager left behind).
  *    Page caches are dropped before each mode, so each starts cold from disk.
  * b) layers vs tar.gz: the same toolkit + workspace for N sandboxes, either as EROFS layers
- *    mounted once and shared (overlay per sandbox), or as a tar.gz extracted into a directory per
- *    sandbox (overlay over it); each sandbox (a chroot in the overlay) runs the same sequence.
+ *    fetched over the link once and mounted once, shared (an overlay per sandbox), or as a tar.gz
+ *    fetched over the link and extracted per sandbox (an overlay over it); each sandbox (a chroot
+ *    in its overlay) runs the same sequence. The base layer is local for both.
  *
- * Disk writes are the host's block-device counters (/proc/diskstats, whole disks) around each
- * run, after a sync: other work on the host during a run is counted too.
+ * `--chunk` re-indexes the image's layers at another chunk size into a store of hard links beside
+ * the real one (the index is per blob, so one store holds one chunk size per layer), to measure the
+ * lazy loader's trade-off between fetching more than is read and making more requests.
+ *
+ * Bytes over the link are the client end's receive counter (for `--link none`, the store's bytes
+ * served). Disk writes are the kernel's per-process write accounting (/proc/<pid>/io write_bytes,
+ * reaped children included) of the node and its layer daemon, or of this process for part b: the
+ * host's own disk counters also count the other work on a shared machine, and are shown beside.
  */
-import { spawn } from 'node:child_process';
-import { mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { type ChildProcess, spawn } from 'node:child_process';
+import { link as hardLink, mkdir, mkdtemp, readFile, rm, stat, writeFile } from 'node:fs/promises';
+import { request } from 'node:http';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
+import { fileURLToPath } from 'node:url';
+import type { LayerReadStats } from '../../runtime/images/cache.ts';
 import { loadConfig } from '../../runtime/config.ts';
 import { ensurePythonImage } from '../../runtime/images/build.ts';
+import { ensureBusyboxImage } from '../../runtime/images/busybox.ts';
+import { DEFAULT_CHUNK } from '../../runtime/images/chunks.ts';
 import { MS_RDONLY, sysMount } from '../../runtime/images/fuse.ts';
+import { httpDownload } from '../../runtime/images/http.ts';
 import { type ImageManifest, ImageStore } from '../../runtime/images/store.ts';
 import { run } from '../../runtime/proc.ts';
 import { Paddock } from '../../sdk/index.ts';
-import { startLocalCluster } from '../local.ts';
+import { type LocalCluster, startLocalCluster } from '../local.ts';
+import { cleanUp, cleanUpOnSignals, onCleanup, progress, runMain, UsageError } from './harness.ts';
+import { clientRxBytes, createLink, type LinkRate, parseLinkRate, removeStaleLinks, servedBytes } from './link.ts';
+import { percentile } from './stats.ts';
 
-const USAGE = 'usage: images.ts [--n N] [--json]';
-const progress = (msg: string) => process.stderr.write(`bench: ${msg}\n`);
+const USAGE = 'usage: images.ts [--n N] [--link 1gbit|10gbit|none] [--modes lazy,eager,local] [--no-tar] [--image python|busybox] [--chunk BYTES] [--readahead KIB] [--json]';
+
+type Mode = 'lazy' | 'eager' | 'local';
+const MODES: readonly Mode[] = ['lazy', 'eager', 'local'];
 
 /** The recorded tool calls of one agent turn sequence. */
-const SEQUENCE = [
-  ['python3', '-c', 'import json, os, re, subprocess, unittest, email, http.client, sqlite3, decimal; print("ok")'],
-  ['python3', '-m', 'pytest', '-q', '-p', 'no:cacheprovider', '/work'],
-  ['git', '-C', '/work', 'status', '--short'],
-];
-const WS_NAME = 'bench-workspace';
+const SEQUENCES: Record<'python' | 'busybox', string[][]> = {
+  python: [
+    ['python3', '-c', 'import json, os, re, subprocess, unittest, email, http.client, sqlite3, decimal; print("ok")'],
+    ['python3', '-m', 'pytest', '-q', '-p', 'no:cacheprovider', '/work'],
+    ['git', '-C', '/work', 'status', '--short'],
+  ],
+  // For the test at small size: the same shape of work with what busybox has.
+  busybox: [
+    ['sh', '-c', 'ls -lR /bin /etc >/dev/null && cat /work/calc.py >/dev/null && echo ok'],
+    ['sh', '-c', 'grep -r def /work | wc -l'],
+  ],
+};
 const TARGETS = { eagerOverLazy: 1.7, lazyWritesOverEager: 0.5, lazyOverLocal: 1.2, tarOverLayers: 1.76, tarWritesOverLayers: 5, lazyFetchShare: 0.25 };
+const TAR_NAME = 'toolkit-workspace.tar.gz';
+
+interface Options {
+  n: number;
+  json: boolean;
+  link: LinkRate;
+  modes: Mode[];
+  tar: boolean;
+  image: 'python' | 'busybox';
+  /** Chunk size of the lazy loader's index for the image's layers (bytes). */
+  chunk: number;
+  /** The kernel's read-ahead on lazily loaded layers, KiB; undefined: its default. */
+  readaheadKiB?: number;
+}
 
 interface ModeResult {
   wallMs: number;
-  fetchedBytes: number;
+  linkBytes: number;
   diskWriteBytes: number;
+  hostDiskWriteBytes: number;
+  fetchedBytes: number;
+  /** Distinct bytes of the layers the kernel asked the lazy loader for (0 when nothing was lazy). */
+  readBytes: number;
+  firstExecP50Ms: number;
+  firstExecP95Ms: number;
   failures: number;
 }
 
-function parseArgs(argv: string[]): { n: number; json: boolean } {
-  const o = { n: 32, json: false };
+interface DeliveryResult {
+  wallMs: number;
+  linkBytes: number;
+  diskWriteBytes: number;
+  hostDiskWriteBytes: number;
+  fetchedBytes: number;
+}
+
+function parseArgs(argv: string[]): Options {
+  const o: Options = { n: 64, json: false, link: '1gbit', modes: [...MODES], tar: true, image: 'python', chunk: DEFAULT_CHUNK };
+  const value = (i: number, name: string): [string, number] => {
+    const a = argv[i] as string;
+    if (a === name) {
+      const v = argv[i + 1];
+      if (v === undefined) throw new UsageError(`${name}: a value is missing\n${USAGE}`);
+      return [v, i + 1];
+    }
+    return [a.slice(name.length + 1), i];
+  };
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i] as string;
+    const is = (name: string) => a === name || a.startsWith(`${name}=`);
     if (a === '--json') o.json = true;
-    else if (a === '--n' || a.startsWith('--n=')) {
-      const v = Number(a === '--n' ? argv[++i] : a.slice(4));
-      if (!Number.isInteger(v) || v < 1) throw new Error(`--n: a positive integer\n${USAGE}`);
-      o.n = v;
+    else if (a === '--no-tar') o.tar = false;
+    else if (is('--n')) {
+      const [v, j] = value(i, '--n');
+      i = j;
+      o.n = Number(v);
+      if (!Number.isInteger(o.n) || o.n < 1) throw new UsageError(`--n: a positive integer, got ${v}\n${USAGE}`);
+    } else if (is('--link')) {
+      const [v, j] = value(i, '--link');
+      i = j;
+      try {
+        o.link = parseLinkRate(v);
+      } catch (err) {
+        throw new UsageError(`${(err as Error).message}\n${USAGE}`);
+      }
+    } else if (is('--modes')) {
+      const [v, j] = value(i, '--modes');
+      i = j;
+      const ms = v.split(',').filter(Boolean);
+      for (const m of ms) if (!(MODES as readonly string[]).includes(m)) throw new UsageError(`--modes: ${m} is not one of ${MODES.join(', ')}\n${USAGE}`);
+      // local reads what eager left in its cache.
+      if (ms.includes('local') && !ms.includes('eager')) throw new UsageError(`--modes: local needs eager (it runs on eager's filled cache)\n${USAGE}`);
+      o.modes = MODES.filter((m) => ms.includes(m));
+    } else if (is('--image')) {
+      const [v, j] = value(i, '--image');
+      i = j;
+      if (v !== 'python' && v !== 'busybox') throw new UsageError(`--image: python or busybox, got ${v}\n${USAGE}`);
+      o.image = v;
+    } else if (is('--chunk')) {
+      const [v, j] = value(i, '--chunk');
+      i = j;
+      o.chunk = Number(v);
+      // The store's own bounds on a layer's chunk (store.ts checkManifest).
+      if (!Number.isInteger(o.chunk) || o.chunk < 4096 || o.chunk > 16 * 1024 * 1024 || o.chunk % 4096 !== 0) throw new UsageError(`--chunk: a multiple of 4096 from 4096 to 16 MiB, got ${v}\n${USAGE}`);
+    } else if (is('--readahead')) {
+      const [v, j] = value(i, '--readahead');
+      i = j;
+      o.readaheadKiB = Number(v);
+      if (!Number.isInteger(o.readaheadKiB) || o.readaheadKiB < 0) throw new UsageError(`--readahead: whole KiB (0: none), got ${v}\n${USAGE}`);
     } else if (a === '-h' || a === '--help') {
       process.stdout.write(`${USAGE}\n`);
       process.exit(0);
-    } else throw new Error(`unknown argument ${a}\n${USAGE}`);
+    } else throw new UsageError(`unknown argument ${a}\n${USAGE}`);
   }
+  if (o.image === 'busybox') o.tar = false;
   return o;
 }
 
+// ─── Readings ───────────────────────────────────────────────────────────────────────────────────
+
 /** Sectors written to whole disks (not partitions, not loop or zram devices), in bytes. */
-async function diskWrites(): Promise<number> {
+async function hostDiskWrites(): Promise<number> {
   await run('sync', []);
   let bytes = 0;
   for (const line of (await readFile('/proc/diskstats', 'utf8')).split('\n')) {
@@ -79,9 +187,127 @@ async function diskWrites(): Promise<number> {
   return bytes;
 }
 
+/** Bytes process `pid` (its threads and reaped children) caused to be written to storage. */
+async function writeBytes(pid: number | 'self'): Promise<number> {
+  const io = await readFile(`/proc/${pid}/io`, 'utf8').catch(() => '');
+  return Number(/^write_bytes: (\d+)$/m.exec(io)?.[1] ?? 0);
+}
+
+/** The node's pid and its layer daemon's: where the layer cache's writes are accounted. */
+async function nodeWriters(nodePid: number): Promise<number[]> {
+  const kids = (await readFile(`/proc/${nodePid}/task/${nodePid}/children`, 'utf8').catch(() => '')).split(' ').filter(Boolean).map(Number);
+  const out = [nodePid];
+  for (const k of kids) {
+    const cmd = await readFile(`/proc/${k}/cmdline`, 'utf8').catch(() => '');
+    if (cmd.includes('lazyfs-main')) out.push(k);
+  }
+  return out;
+}
+
+async function sumWrites(pids: number[]): Promise<number> {
+  let s = 0;
+  for (const p of pids) s += await writeBytes(p);
+  return s;
+}
+
 async function dropCaches(): Promise<void> {
   await run('sync', []);
   await writeFile('/proc/sys/vm/drop_caches', '3').catch(() => progress('cannot drop page caches (not root?): runs start warm'));
+}
+
+// ─── The outer process: link, store, and the benchmark inside the client namespace ─────────────
+
+function waitExit(child: ChildProcess): Promise<number> {
+  if (child.exitCode !== null) return Promise.resolve(child.exitCode);
+  return new Promise((r) => child.once('exit', (c, s) => r(c ?? (s ? 128 : 1))));
+}
+
+async function stopChild(child: ChildProcess, graceMs: number): Promise<void> {
+  if (child.exitCode !== null || child.signalCode !== null) return;
+  child.kill('SIGTERM');
+  const t = setTimeout(() => child.kill('SIGKILL'), graceMs);
+  await waitExit(child);
+  clearTimeout(t);
+}
+
+async function outer(o: Options, args: string[]): Promise<number> {
+  cleanUpOnSignals();
+  const stale = await removeStaleLinks();
+  if (stale.length > 0) progress(`removed ${stale.length} network namespace(s) an earlier run left: ${stale.join(' ')}`);
+  const imagesDir = loadConfig().imagesDir;
+  const store = new ImageStore(imagesDir);
+  // Built here, before the benchmark enters a namespace with no way out: debootstrap needs a mirror.
+  progress(`${o.image} image in ${imagesDir}${o.image === 'python' ? ' (built once; ~3 min the first time)' : ''}`);
+  const img = await (o.image === 'python' ? ensurePythonImage(store) : ensureBusyboxImage(store));
+  let servedDir = imagesDir;
+  if (img.layers.some((l) => (l.chunk ?? DEFAULT_CHUNK) !== o.chunk)) {
+    servedDir = join(imagesDir, 'tmp', `bench-chunk-${process.pid}`);
+    onCleanup('chunk store', () => rm(servedDir, { recursive: true, force: true }));
+    progress(`re-indexing ${o.image}'s layers at ${o.chunk}-byte chunks in ${servedDir}`);
+    const alt = new ImageStore(servedDir);
+    await alt.init();
+    const layers = [];
+    for (const l of img.layers) {
+      const tmp = alt.tmpPath('chunk');
+      await hardLink(store.blobPath(l.digest), tmp);
+      layers.push(await alt.importBlob(tmp, l.digest, o.chunk));
+    }
+    await alt.putManifest({ ...img, layers });
+  }
+  const filesDir = await mkdtemp(join(tmpdir(), 'paddock-bench-files-'));
+  onCleanup('files', () => rm(filesDir, { recursive: true, force: true }));
+
+  const link = o.link === 'none' ? undefined : await createLink(o.link);
+  if (link) {
+    onCleanup('link', () => link.close());
+    progress(`link: ${o.link} (tbf) on a veth between network namespaces ${link.storeNs} (store, ${link.storeAddr}) and ${link.clientNs} (node, ${link.clientAddr})`);
+  }
+  const tsx = import.meta.resolve('tsx');
+  const storeMain = fileURLToPath(new URL('./store-main.ts', import.meta.url));
+  const storeArgv = [process.execPath, '--import', tsx, storeMain, servedDir, filesDir, link ? link.storeAddr : '127.0.0.1'];
+  const [scmd, ...sargs] = link ? link.enter('store', storeArgv) : storeArgv;
+  const storeProc = spawn(scmd as string, sargs, { stdio: ['pipe', 'pipe', 'inherit'] });
+  onCleanup('store', () => stopChild(storeProc, 5000));
+  const urls = await new Promise<{ store: string; files: string }>((resolve, reject) => {
+    let buf = '';
+    storeProc.stdout?.on('data', (d: Buffer) => {
+      buf += d.toString();
+      const nl = buf.indexOf('\n');
+      if (nl >= 0) resolve(JSON.parse(buf.slice(0, nl)) as { store: string; files: string });
+    });
+    storeProc.once('exit', (c) => reject(new Error(`the bench store exited (${c}) before it listened`)));
+  });
+  progress(`store: ${urls.store} (tar.gz and counters: ${urls.files})`);
+
+  const innerArgv = ['unshare', '--mount', '--propagation', 'private', process.execPath, ...process.execArgv, process.argv[1] as string, ...args];
+  const [icmd, ...iargs] = link ? link.enter('client', innerArgv) : innerArgv;
+  const inner = spawn(icmd as string, iargs, {
+    stdio: 'inherit',
+    env: {
+      ...process.env,
+      PADDOCK_BENCH_NS: '1',
+      PADDOCK_IMAGES_DIR: servedDir,
+      PADDOCK_BENCH_STORE: urls.store,
+      PADDOCK_BENCH_FILES_URL: urls.files,
+      PADDOCK_BENCH_FILES_DIR: filesDir,
+      PADDOCK_BENCH_CLIENT_NS: link?.clientNs ?? '',
+    },
+  });
+  // Registered last, so it runs first: the benchmark stops its nodes before the link goes.
+  onCleanup('benchmark', () => stopChild(inner, 60_000));
+  const code = await waitExit(inner);
+  await cleanUp();
+  return code;
+}
+
+// ─── The inner process: the experiments ─────────────────────────────────────────────────────────
+
+interface Env {
+  storeUrl: string;
+  filesUrl: string;
+  filesDir: string;
+  /** Bytes over the link (or served, without one) so far. */
+  linkBytes: () => Promise<number>;
 }
 
 /** A small project: a module, its tests, a git repository. */
@@ -97,25 +323,45 @@ async function workspaceDir(root: string): Promise<string> {
   return join(root, 'ws');
 }
 
-async function modeRun(o: { mode: 'lazy' | 'eager'; cacheDir: string; imagesDir: string; n: number; home: string }): Promise<ModeResult> {
+let current: LocalCluster | undefined;
+
+async function modeRun(o: { mode: 'lazy' | 'eager'; cacheDir: string; n: number; home: string; image: Options['image']; ws: string; env: Env; readaheadKiB?: number }): Promise<ModeResult> {
   const cluster = await startLocalCluster({
     home: o.home,
     nodes: 1,
     prefix: `bimg${process.pid}${o.mode}${Math.random().toString(36).slice(2, 5)}n`,
-    imagesDir: o.imagesDir,
-    env: { PADDOCK_LAYER_MODE: o.mode, PADDOCK_LAYER_CACHE_DIR: o.cacheDir, PADDOCK_MAX_SANDBOXES: '4096', PADDOCK_HEARTBEAT_MS: '1000' },
+    env: {
+      PADDOCK_STORE_URL: o.env.storeUrl,
+      PADDOCK_LAYER_MODE: o.mode,
+      PADDOCK_LAYER_CACHE_DIR: o.cacheDir,
+      PADDOCK_MAX_SANDBOXES: '4096',
+      PADDOCK_HEARTBEAT_MS: '1000',
+      // Every sandbox asks for a core: room for N of them on this node's two.
+      PADDOCK_CPU_OVERCOMMIT: String(Math.max(16, Math.ceil(o.n / 2) + 1)),
+      PADDOCK_STORE_TIMEOUT_MS: '30000',
+      ...(o.readaheadKiB === undefined ? {} : { PADDOCK_LAYER_READAHEAD_KB: String(o.readaheadKiB) }),
+    },
   });
+  current = cluster;
   const pdk = await Paddock.connect({ servers: cluster.url, timeoutMs: 600_000 });
   try {
+    const node = cluster.nodes[0];
+    if (!node?.proc.pid) throw new Error('the node has no pid');
+    const writers = await nodeWriters(node.proc.pid);
     await dropCaches();
-    const w0 = await diskWrites();
+    const h0 = await hostDiskWrites();
+    const w0 = await sumWrites(writers);
+    const l0 = await o.env.linkBytes();
     const t0 = performance.now();
     let failures = 0;
+    const firstExec: number[] = [];
     const sbs = await Promise.all(
       Array.from({ length: o.n }, async () => {
-        const sb = await pdk.sandboxes.create({ image: 'python', workspace: WS_NAME, memoryMiB: 512 });
-        for (const cmd of SEQUENCE) {
-          const r = await sb.exec(cmd, { timeoutMs: 300_000 });
+        const sb = await pdk.sandboxes.create({ image: o.image, workspace: o.ws, memoryMiB: 512 });
+        for (const [k, cmd] of SEQUENCES[o.image].entries()) {
+          // Generous: on a shared 2-core host 64 pytest runs at once took over 300 s each.
+          const r = await sb.exec(cmd, { timeoutMs: 1_800_000 });
+          if (k === 0) firstExec.push(performance.now() - t0);
           if (r.exitCode !== 0) {
             failures++;
             progress(`${cmd.join(' ').slice(0, 40)}: exit ${r.exitCode}: ${Buffer.from(r.stderr).toString().slice(0, 300)}`);
@@ -125,20 +371,61 @@ async function modeRun(o: { mode: 'lazy' | 'eager'; cacheDir: string; imagesDir:
       }),
     );
     const wallMs = performance.now() - t0;
-    const w1 = await diskWrites();
-    const info = await pdk.nodes.info(cluster.nodes[0]!.id);
+    const w1 = await sumWrites(writers);
+    const l1 = await o.env.linkBytes();
+    const h1 = await hostDiskWrites();
+    const info = await pdk.nodes.info(node.id);
+    const layers = info.layers as (typeof info.layers & Partial<LayerReadStats>) | undefined;
     await Promise.all(sbs.map((s) => s.kill()));
-    return { wallMs, fetchedBytes: info.layers?.fetchedBytes ?? 0, diskWriteBytes: w1 - w0, failures };
+    return {
+      wallMs,
+      linkBytes: l1 - l0,
+      diskWriteBytes: w1 - w0,
+      hostDiskWriteBytes: h1 - h0,
+      fetchedBytes: layers?.fetchedBytes ?? 0,
+      readBytes: layers?.readBytes ?? 0,
+      firstExecP50Ms: percentile(firstExec, 50),
+      firstExecP95Ms: percentile(firstExec, 95),
+      failures,
+    };
   } finally {
     await pdk.close();
     await cluster.stop();
+    current = undefined;
   }
 }
 
+/** GET `url` into `tar -xz` in `dir`: the archive is never written down. */
+function fetchAndUnpack(url: string, dir: string): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const tar = spawn('tar', ['-xzf', '-', '-C', dir], { stdio: ['pipe', 'ignore', 'pipe'] });
+    let err = '';
+    tar.stderr.on('data', (d: Buffer) => {
+      err += d.toString();
+    });
+    let n = 0;
+    const req = request(url, (res) => {
+      if (res.statusCode !== 200) {
+        res.resume();
+        tar.kill();
+        reject(new Error(`GET ${url}: HTTP ${res.statusCode}`));
+        return;
+      }
+      res.on('data', (c: Buffer) => {
+        n += c.length;
+      });
+      res.pipe(tar.stdin);
+    });
+    req.on('error', reject);
+    req.end();
+    tar.on('close', (code) => (code === 0 ? resolve(n) : reject(new Error(`tar -xz: exit ${code}: ${err.trim()}`))));
+  });
+}
+
 /** b) one run of N chroot "sandboxes" over either shared layers or per-sandbox tar.gz extractions. */
-async function deliveryRun(o: { kind: 'layers' | 'tar'; n: number; root: string; base: string; layers: string[]; tarball: string }): Promise<{ wallMs: number; diskWriteBytes: number }> {
+async function deliveryRun(o: { kind: 'layers' | 'tar'; n: number; root: string; base: string; layers: string[]; env: Env; sequence: string[][] }): Promise<DeliveryResult> {
   const dir = join(o.root, o.kind);
-  await mkdir(dir, { recursive: true });
+  await mkdir(join(dir, 'fetched'), { recursive: true });
   const mounted: string[] = [];
   let seq = 0;
   const mnt = async (src: string) => {
@@ -151,12 +438,26 @@ async function deliveryRun(o: { kind: 'layers' | 'tar'; n: number; root: string;
     return target;
   };
   const roots: string[] = [];
+  let fetched = 0;
   try {
     await dropCaches();
-    const w0 = await diskWrites();
+    const h0 = await hostDiskWrites();
+    const w0 = await writeBytes('self');
+    const l0 = await o.env.linkBytes();
     const t0 = performance.now();
     const baseDir = await mnt(o.base);
-    const shared = o.kind === 'layers' ? await Promise.all(o.layers.map(mnt)) : [];
+    // Layers: fetched over the link once for the node, mounted once, shared by every sandbox.
+    const shared =
+      o.kind === 'layers'
+        ? await Promise.all(
+            o.layers.map(async (hex) => {
+              const file = join(dir, 'fetched', `${hex}.erofs`);
+              const got = await httpDownload(`${o.env.storeUrl}/blobs/sha256/${hex}.erofs`, file, { idleMs: 30_000 });
+              fetched += got;
+              return mnt(file);
+            }),
+          )
+        : [];
     let next = 0;
     const worker = async () => {
       for (let i = next++; i < o.n; i = next++) {
@@ -164,18 +465,21 @@ async function deliveryRun(o: { kind: 'layers' | 'tar'; n: number; root: string;
         for (const d of ['upper', 'work', 'root', 'unpacked']) await mkdir(join(sb, d), { recursive: true });
         let lowers: string[];
         if (o.kind === 'tar') {
-          await run('tar', ['-xzf', o.tarball, '-C', join(sb, 'unpacked')], { timeoutMs: 600_000 });
+          const got = await fetchAndUnpack(`${o.env.filesUrl}/${TAR_NAME}`, join(sb, 'unpacked'));
+          fetched += got;
           lowers = [join(sb, 'unpacked'), baseDir];
         } else lowers = [...shared].reverse().concat(baseDir);
         await run('mount', ['-t', 'overlay', 'overlay', '-o', `lowerdir=${lowers.join(':')},upperdir=${join(sb, 'upper')},workdir=${join(sb, 'work')}`, join(sb, 'root')]);
         roots.push(join(sb, 'root'));
-        for (const cmd of SEQUENCE) await run('chroot', [join(sb, 'root'), 'env', 'PATH=/usr/bin:/bin', 'HOME=/root', 'PYTHONDONTWRITEBYTECODE=1', ...cmd], { timeoutMs: 300_000 });
+        for (const cmd of o.sequence) await run('chroot', [join(sb, 'root'), 'env', 'PATH=/usr/bin:/bin', 'HOME=/root', 'PYTHONDONTWRITEBYTECODE=1', ...cmd], { timeoutMs: 1_800_000 });
       }
     };
     await Promise.all(Array.from({ length: 4 }, worker));
     const wallMs = performance.now() - t0;
-    const w1 = await diskWrites();
-    return { wallMs, diskWriteBytes: w1 - w0 };
+    const w1 = await writeBytes('self');
+    const l1 = await o.env.linkBytes();
+    const h1 = await hostDiskWrites();
+    return { wallMs, linkBytes: l1 - l0, diskWriteBytes: w1 - w0, hostDiskWriteBytes: h1 - h0, fetchedBytes: fetched };
   } finally {
     for (const r of roots) await run('umount', ['-l', r], { allowFail: true });
     for (const m of mounted.reverse()) await run('umount', ['-l', m], { allowFail: true });
@@ -185,39 +489,47 @@ async function deliveryRun(o: { kind: 'layers' | 'tar'; n: number; root: string;
 
 const mib = (b: number) => `${(b / 1024 / 1024).toFixed(1)} MiB`;
 const sec = (ms: number) => `${(ms / 1000).toFixed(2)} s`;
+const pct = (x: number) => `${(100 * x).toFixed(1)}%`;
 
-async function main(): Promise<void> {
-  const o = parseArgs(process.argv.slice(2));
-  // Part b mounts: keep them in a namespace of our own, gone when we are.
-  if (process.env.PADDOCK_BENCH_NS !== '1') {
-    const child = spawn('unshare', ['--mount', '--propagation', 'private', process.execPath, ...process.execArgv, process.argv[1] as string, ...process.argv.slice(2)], { stdio: 'inherit', env: { ...process.env, PADDOCK_BENCH_NS: '1' } });
-    child.on('exit', (c) => process.exit(c ?? 1));
-    return;
-  }
+async function inner(o: Options): Promise<void> {
+  cleanUpOnSignals();
+  onCleanup('cluster', async () => {
+    await current?.stop();
+  });
+  const clientNs = process.env.PADDOCK_BENCH_CLIENT_NS ?? '';
+  const filesUrl = process.env.PADDOCK_BENCH_FILES_URL ?? '';
+  const env: Env = {
+    storeUrl: process.env.PADDOCK_BENCH_STORE ?? '',
+    filesUrl,
+    filesDir: process.env.PADDOCK_BENCH_FILES_DIR ?? '',
+    linkBytes: clientNs ? () => clientRxBytes(clientNs) : () => servedBytes(`${filesUrl}/stats`),
+  };
   const imagesDir = loadConfig().imagesDir;
   const store = new ImageStore(imagesDir);
-  progress(`python image in ${imagesDir} (built once; ~1 min the first time)`);
-  const py: ImageManifest = await ensurePythonImage(store);
+  const img = await store.get(o.image);
+  if (!img) throw new Error(`no ${o.image} image in ${imagesDir}`);
   const root = await mkdtemp(join(tmpdir(), 'paddock-bench-images-'));
-  try {
-    const ws = await workspaceDir(root);
-    const wsLayer = await store.buildLayer(ws);
-    await store.putManifest({ ...py, name: WS_NAME, layers: [wsLayer], env: [], cwd: '/work' });
-    const imageBytes = py.layers.reduce((s, l) => s + l.size, 0) + wsLayer.size;
+  onCleanup('scratch', () => rm(root, { recursive: true, force: true }));
+  const wsName = `bench-ws-${process.pid}`;
+  onCleanup('workspace image', () => store.removeManifest(wsName));
+  const ws = await workspaceDir(root);
+  const wsLayer = await store.buildLayer(ws);
+  await store.putManifest({ ...img, name: wsName, layers: [wsLayer], env: [], cwd: '/work' });
+  const imageBytes = img.layers.reduce((s, l) => s + l.size, 0) + wsLayer.size;
 
-    const results: Record<'lazy' | 'eager' | 'local', ModeResult> = {} as never;
-    const lazyCache = join(root, 'cache-lazy');
-    const eagerCache = join(root, 'cache-eager');
-    progress(`a) lazy: ${o.n} sandboxes, empty cache`);
-    results.lazy = await modeRun({ mode: 'lazy', cacheDir: lazyCache, imagesDir, n: o.n, home: join(root, 'home-lazy') });
-    progress(`a) eager: ${o.n} sandboxes, empty cache`);
-    results.eager = await modeRun({ mode: 'eager', cacheDir: eagerCache, imagesDir, n: o.n, home: join(root, 'home-eager') });
-    progress(`a) local: ${o.n} sandboxes, every layer already in the cache`);
-    results.local = await modeRun({ mode: 'lazy', cacheDir: eagerCache, imagesDir, n: o.n, home: join(root, 'home-local') });
+  const results: Partial<Record<Mode, ModeResult>> = {};
+  const lazyCache = join(root, 'cache-lazy');
+  const eagerCache = join(root, 'cache-eager');
+  for (const mode of o.modes) {
+    progress(`a) ${mode}: ${o.n} sandboxes, ${mode === 'local' ? 'every layer already in the cache' : 'empty cache'}`);
+    results[mode] = await modeRun({ mode: mode === 'eager' ? 'eager' : 'lazy', cacheDir: mode === 'lazy' ? lazyCache : eagerCache, n: o.n, home: join(root, `home-${mode}`), image: o.image, ws: wsName, env, readaheadKiB: o.readaheadKiB });
+  }
 
+  let tar: DeliveryResult | undefined;
+  let layers: DeliveryResult | undefined;
+  const [baseRef, toolkitRef] = img.layers as [ImageManifest['layers'][number], ImageManifest['layers'][number] | undefined];
+  if (o.tar && toolkitRef) {
     progress('b) packing toolkit + workspace as a tar.gz');
-    const [baseRef, toolkitRef] = py.layers as [ImageManifest['layers'][number], ImageManifest['layers'][number]];
-    const tarball = join(root, 'toolkit-workspace.tar.gz');
     const unpack = join(root, 'unpack');
     await mkdir(unpack);
     // The tarball holds exactly what the two layers hold: dump both trees and pack them.
@@ -228,43 +540,72 @@ async function main(): Promise<void> {
       await run('cp', ['-a', `${dumpMnt}${i}/.`, unpack], { timeoutMs: 600_000 });
       await run('umount', [`${dumpMnt}${i}`]);
     }
-    await run('tar', ['-czf', tarball, '-C', unpack, '.'], { timeoutMs: 600_000 });
+    await run('tar', ['-czf', join(env.filesDir, TAR_NAME), '-C', unpack, '.'], { timeoutMs: 600_000 });
     await rm(unpack, { recursive: true, force: true });
-    progress(`b) tar.gz: ${o.n} sandboxes, each extracting it`);
-    const tar = await deliveryRun({ kind: 'tar', n: o.n, root, base: store.blobPath(baseRef.digest), layers: [], tarball });
-    progress(`b) layers: ${o.n} sandboxes over shared EROFS layers`);
-    const layers = await deliveryRun({ kind: 'layers', n: o.n, root, base: store.blobPath(baseRef.digest), layers: [store.blobPath(toolkitRef.digest), store.blobPath(wsLayer.digest)], tarball });
+    const hex = (d: string) => d.replace(/^sha256:/, '');
+    const common = { n: o.n, root, base: store.blobPath(baseRef.digest), layers: [hex(toolkitRef.digest), hex(wsLayer.digest)], env, sequence: SEQUENCES[o.image] };
+    progress(`b) tar.gz: ${o.n} sandboxes, each fetching and extracting it`);
+    tar = await deliveryRun({ ...common, kind: 'tar' });
+    progress(`b) layers: ${o.n} sandboxes over EROFS layers fetched once and shared`);
+    layers = await deliveryRun({ ...common, kind: 'layers' });
+  }
+  const tarBytes = tar ? (await stat(join(env.filesDir, TAR_NAME))).size : 0;
 
-    const r = (a: number, b: number) => (b > 0 ? a / b : Number.POSITIVE_INFINITY);
-    const check = (ok: boolean) => (ok ? 'meets' : 'MISSES');
-    const lines = [
-      `a) ${o.n} sandboxes of python (${mib(imageBytes)} in ${py.layers.length + 1} layers), tool calls: python3 imports, pytest, git status`,
-      `   mode    wall      fetched from store   disk written   failures`,
-      ...(['lazy', 'eager', 'local'] as const).map((m) => `   ${m.padEnd(6)}  ${sec(results[m].wallMs).padStart(8)}  ${mib(results[m].fetchedBytes).padStart(12)}        ${mib(results[m].diskWriteBytes).padStart(11)}   ${results[m].failures}`),
-      `   eager/lazy wall ${r(results.eager.wallMs, results.lazy.wallMs).toFixed(2)}× (target ≥ ${TARGETS.eagerOverLazy}×: ${check(r(results.eager.wallMs, results.lazy.wallMs) >= TARGETS.eagerOverLazy)})`,
-      `   lazy/eager disk writes ${(100 * r(results.lazy.diskWriteBytes, results.eager.diskWriteBytes)).toFixed(0)}% (target ≤ 50%: ${check(r(results.lazy.diskWriteBytes, results.eager.diskWriteBytes) <= TARGETS.lazyWritesOverEager)})`,
-      `   lazy/local wall ${r(results.lazy.wallMs, results.local.wallMs).toFixed(2)}× (target ≤ ${TARGETS.lazyOverLocal}×: ${check(r(results.lazy.wallMs, results.local.wallMs) <= TARGETS.lazyOverLocal)})`,
-      `   lazy fetched ${(100 * r(results.lazy.fetchedBytes, imageBytes)).toFixed(1)}% of the image (target ≤ 25%: ${check(r(results.lazy.fetchedBytes, imageBytes) <= TARGETS.lazyFetchShare)})`,
-      `b) toolkit + workspace (${mib(toolkitRef.size + wsLayer.size)} as layers) for ${o.n} sandboxes`,
-      `   delivery  wall      disk written`,
-      `   tar.gz    ${sec(tar.wallMs).padStart(8)}  ${mib(tar.diskWriteBytes).padStart(11)}`,
-      `   layers    ${sec(layers.wallMs).padStart(8)}  ${mib(layers.diskWriteBytes).padStart(11)}`,
-      `   tar/layers wall ${r(tar.wallMs, layers.wallMs).toFixed(2)}× (target ≥ ${TARGETS.tarOverLayers}×: ${check(r(tar.wallMs, layers.wallMs) >= TARGETS.tarOverLayers)}), disk writes ${r(tar.diskWriteBytes, layers.diskWriteBytes).toFixed(1)}× (target ≥ ${TARGETS.tarWritesOverLayers}×: ${check(r(tar.diskWriteBytes, layers.diskWriteBytes) >= TARGETS.tarWritesOverLayers)})`,
-    ];
-    process.stdout.write(`${lines.join('\n')}\n`);
-    if (o.json) {
-      const pick = (m: ModeResult) => ({ wallMs: Math.round(m.wallMs), fetchedBytes: m.fetchedBytes, diskWriteBytes: m.diskWriteBytes });
-      process.stdout.write(
-        `${JSON.stringify({ n: o.n, lazy: pick(results.lazy), eager: pick(results.eager), local: pick(results.local), imageBytes, tar: { wallMs: Math.round(tar.wallMs), diskWriteBytes: tar.diskWriteBytes }, layers: { wallMs: Math.round(layers.wallMs), diskWriteBytes: layers.diskWriteBytes } })}\n`,
-      );
+  report(o, { results, tar, layers, imageBytes, layerCount: img.layers.length + 1, toolkitBytes: (toolkitRef?.size ?? 0) + wsLayer.size, tarBytes });
+  await cleanUp();
+}
+
+function report(o: Options, r: { results: Partial<Record<Mode, ModeResult>>; tar?: DeliveryResult; layers?: DeliveryResult; imageBytes: number; layerCount: number; toolkitBytes: number; tarBytes: number }): void {
+  const ratio = (a: number, b: number) => (b > 0 ? a / b : Number.POSITIVE_INFINITY);
+  const check = (ok: boolean) => (ok ? 'meets' : 'MISSES');
+  const { lazy, eager, local } = r.results;
+  const lines = [
+    `link: ${o.link === 'none' ? 'none (store on loopback)' : `${o.link}, tbf on a veth between two network namespaces`}; lazy chunks of ${o.chunk / 1024} KiB, kernel read-ahead ${o.readaheadKiB === undefined ? 'its default' : `${o.readaheadKiB} KiB`}`,
+    `a) ${o.n} sandboxes of ${o.image} (${mib(r.imageBytes)} in ${r.layerCount} layers), tool calls: ${SEQUENCES[o.image].map((c) => c.slice(0, 2).join(' ')).join('; ')}`,
+    '   mode    wall      over the link   fetched      read      disk written   first exec p50 / p95   failures',
+    ...MODES.filter((m) => r.results[m]).map((m) => {
+      const x = r.results[m] as ModeResult;
+      return `   ${m.padEnd(6)}  ${sec(x.wallMs).padStart(8)}  ${mib(x.linkBytes).padStart(12)}  ${mib(x.fetchedBytes).padStart(11)}  ${mib(x.readBytes).padStart(10)}  ${mib(x.diskWriteBytes).padStart(11)} (host ${mib(x.hostDiskWriteBytes)})  ${sec(x.firstExecP50Ms)} / ${sec(x.firstExecP95Ms)}   ${x.failures}`;
+    }),
+  ];
+  if (lazy && eager) {
+    lines.push(
+      `   eager/lazy wall ${ratio(eager.wallMs, lazy.wallMs).toFixed(2)}× (target ≥ ${TARGETS.eagerOverLazy}×: ${check(ratio(eager.wallMs, lazy.wallMs) >= TARGETS.eagerOverLazy)})`,
+      `   lazy/eager disk writes ${pct(ratio(lazy.diskWriteBytes, eager.diskWriteBytes))} (target ≤ 50%: ${check(ratio(lazy.diskWriteBytes, eager.diskWriteBytes) <= TARGETS.lazyWritesOverEager)})`,
+    );
+  }
+  if (lazy && local) lines.push(`   lazy/local wall ${ratio(lazy.wallMs, local.wallMs).toFixed(2)}× (target ≤ ${TARGETS.lazyOverLocal}×: ${check(ratio(lazy.wallMs, local.wallMs) <= TARGETS.lazyOverLocal)})`);
+  if (lazy) {
+    lines.push(
+      `   lazy fetched ${pct(ratio(lazy.fetchedBytes, r.imageBytes))} of the image (target ≤ 25%: ${check(ratio(lazy.fetchedBytes, r.imageBytes) <= TARGETS.lazyFetchShare)}); the kernel read ${pct(ratio(lazy.readBytes, r.imageBytes))} of it (fetched/read ${ratio(lazy.fetchedBytes, lazy.readBytes).toFixed(2)}×)`,
+    );
+  }
+  const { tar, layers } = r;
+  if (tar && layers) {
+    lines.push(
+      `b) toolkit + workspace for ${o.n} sandboxes: ${mib(r.toolkitBytes)} as layers, ${mib(r.tarBytes)} as tar.gz`,
+      '   delivery  wall      over the link   disk written',
+      `   tar.gz    ${sec(tar.wallMs).padStart(8)}  ${mib(tar.linkBytes).padStart(12)}  ${mib(tar.diskWriteBytes).padStart(11)} (host ${mib(tar.hostDiskWriteBytes)})`,
+      `   layers    ${sec(layers.wallMs).padStart(8)}  ${mib(layers.linkBytes).padStart(12)}  ${mib(layers.diskWriteBytes).padStart(11)} (host ${mib(layers.hostDiskWriteBytes)})`,
+      `   tar/layers wall ${ratio(tar.wallMs, layers.wallMs).toFixed(2)}× (target ≥ ${TARGETS.tarOverLayers}×: ${check(ratio(tar.wallMs, layers.wallMs) >= TARGETS.tarOverLayers)}), disk writes ${ratio(tar.diskWriteBytes, layers.diskWriteBytes).toFixed(1)}× (target ≥ ${TARGETS.tarWritesOverLayers}×: ${check(ratio(tar.diskWriteBytes, layers.diskWriteBytes) >= TARGETS.tarWritesOverLayers)})`,
+    );
+  }
+  process.stdout.write(`${lines.join('\n')}\n`);
+  if (o.json) {
+    const round = (m: ModeResult | DeliveryResult) => Object.fromEntries(Object.entries(m).map(([k, v]) => [k, Math.round(v as number)]));
+    const out: Record<string, unknown> = { link: o.link, n: o.n, image: o.image, chunk: o.chunk, readaheadKiB: o.readaheadKiB ?? null, imageBytes: r.imageBytes };
+    for (const m of MODES) if (r.results[m]) out[m] = round(r.results[m] as ModeResult);
+    if (tar && layers) {
+      out.tar = round(tar);
+      out.layers = round(layers);
     }
-  } finally {
-    await store.removeManifest(WS_NAME);
-    await rm(root, { recursive: true, force: true });
+    process.stdout.write(`${JSON.stringify(out)}\n`);
   }
 }
 
-main().catch((err: unknown) => {
-  process.stderr.write(`bench: ${(err as Error).stack ?? err}\n`);
-  process.exit(1);
+runMain(async () => {
+  const args = process.argv.slice(2);
+  const o = parseArgs(args);
+  if (process.env.PADDOCK_BENCH_NS === '1') await inner(o);
+  else process.exitCode = await outer(o, args);
 });

@@ -15,7 +15,7 @@ import { type FileHandle, mkdir, open, readdir, readFile, rename, rm, stat, writ
 import { Agent } from 'node:http';
 import { join } from 'node:path';
 import type { LayerCacheStats, LayerCounters, LayerLoadMode, LayerStats } from '../../protocol/index.ts';
-import { chunkCount, verifyChunk } from './chunks.ts';
+import { chunkCount, DEFAULT_CHUNK, verifyChunk } from './chunks.ts';
 import { Errno, FuseError } from './fuse.ts';
 import { httpDownload, httpRequest } from './http.ts';
 
@@ -44,6 +44,19 @@ interface Layer {
   lastUsed: number;
   mapDirty: boolean;
   c: LayerCounters;
+  /** 4 KiB pages of the blob the kernel has asked for in this process's life, and their bytes. */
+  readPages: Uint8Array;
+  readBytes: number;
+}
+
+const PAGE = 4096;
+
+/**
+ * What the kernel asked for, next to what was fetched: the counters' gap is the chunk size's and
+ * read-ahead's overhead. (Not yet a field of the protocol's LayerStats: read it as an extra one.)
+ */
+export interface LayerReadStats {
+  readBytes: number;
 }
 
 const zero = (): LayerCounters => ({ fetchedBytes: 0, fetches: 0, hits: 0, misses: 0, shared: 0, errors: 0, corrupt: 0 });
@@ -100,7 +113,7 @@ export class LayerCache {
 
   private blank(hex: string, size: number, chunk: number, index: Buffer | null): Layer {
     const n = chunkCount(size, chunk);
-    return { hex, size, chunk, index, present: new Uint8Array(n), checked: new Uint8Array(n), cachedBytes: 0, complete: false, fh: null, inflight: new Map(), users: 0, lastUsed: Date.now(), mapDirty: false, c: zero() };
+    return { hex, size, chunk, index, present: new Uint8Array(n), checked: new Uint8Array(n), cachedBytes: 0, complete: false, fh: null, inflight: new Map(), users: 0, lastUsed: Date.now(), mapDirty: false, c: zero(), readPages: new Uint8Array(Math.ceil(size / PAGE)), readBytes: 0 };
   }
 
   private chunkLen(l: Layer, i: number): number {
@@ -115,7 +128,7 @@ export class LayerCache {
     const hex = ref.digest.replace(/^sha256:/, '');
     let l = this.layers.get(hex);
     if (!l) {
-      l = this.blank(hex, ref.size, ref.chunk ?? 64 * 1024, null);
+      l = this.blank(hex, ref.size, ref.chunk ?? DEFAULT_CHUNK, null);
       this.layers.set(hex, l);
     }
     return l;
@@ -202,6 +215,11 @@ export class LayerCache {
     const l = this.layers.get(hex);
     if (!l) throw new FuseError(Errno.ENOENT, `no layer ${hex}`);
     l.lastUsed = Date.now();
+    for (let p = Math.floor(offset / PAGE), end = Math.ceil(Math.min(offset + length, l.size) / PAGE); p < end; p++) {
+      if (l.readPages[p]) continue;
+      l.readPages[p] = 1;
+      l.readBytes += Math.min(PAGE, l.size - p * PAGE);
+    }
     const first = Math.floor(offset / l.chunk);
     const last = Math.floor((offset + length - 1) / l.chunk);
     const parts = await Promise.all(Array.from({ length: last - first + 1 }, (_, k) => this.chunkData(l, first + k)));
@@ -403,8 +421,8 @@ export class LayerCache {
     return true;
   }
 
-  stats(): LayerCacheStats {
-    const layers: LayerStats[] = [...this.layers.values()].map((l) => ({ digest: `sha256:${l.hex}`, size: l.size, cachedBytes: l.cachedBytes, complete: l.complete, users: l.users, ...l.c }));
+  stats(): LayerCacheStats & LayerReadStats {
+    const layers: Array<LayerStats & LayerReadStats> = [...this.layers.values()].map((l) => ({ digest: `sha256:${l.hex}`, size: l.size, cachedBytes: l.cachedBytes, complete: l.complete, users: l.users, ...l.c, readBytes: l.readBytes }));
     const sum = (k: keyof LayerCounters) => layers.reduce((s, l) => s + l[k], 0);
     return {
       dir: this.o.dir,
@@ -416,6 +434,7 @@ export class LayerCache {
       fetchedBytes: sum('fetchedBytes'),
       hits: sum('hits'),
       misses: sum('misses'),
+      readBytes: layers.reduce((s, l) => s + l.readBytes, 0),
       layers,
     };
   }

@@ -7,8 +7,14 @@
 import { createHash } from 'node:crypto';
 import { createReadStream } from 'node:fs';
 
-/** 64 KiB: large enough that a python import is a few dozen requests, small enough that a 4 KiB read does not fetch much more than it needs. */
-export const DEFAULT_CHUNK = 64 * 1024;
+/**
+ * 16 KiB. Measured with `bench:images` (8 python sandboxes: imports, pytest, git, over 1 Gbit/s):
+ * the kernel asked for 11.7% of the 256 MiB image; 128/64/32/16 KiB chunks fetched 1.55/1.37/
+ * 1.20/1.11× that (18.4/16.0/14.4/13.0% of the image). Smaller chunks cost requests, not waiting:
+ * a kernel read of up to 128 KiB fetches its chunks in parallel, so a sequential read does not pay
+ * one round trip per chunk. The index is 32 bytes per chunk (0.2% of a layer).
+ */
+export const DEFAULT_CHUNK = 16 * 1024;
 export const HASH_BYTES = 32;
 
 export function chunkCount(size: number, chunk: number): number {

@@ -135,6 +135,8 @@ export class FuseServer {
     readonly mountpoint: string,
     private readonly handlers: FuseHandlers,
     private readonly readers = 4,
+    /** Largest read-ahead the kernel may do on these files, in bytes; undefined: what it proposes (128 KiB). */
+    private readonly maxReadahead?: number,
   ) {}
 
   add(file: FuseFile): void {
@@ -232,7 +234,8 @@ export class FuseServer {
         const out = Buffer.alloc(64);
         out.writeUInt32LE(7, 0);
         out.writeUInt32LE(31, 4);
-        out.writeUInt32LE(body.readUInt32LE(8), 8);
+        const proposed = body.readUInt32LE(8);
+        out.writeUInt32LE(this.maxReadahead === undefined ? proposed : Math.min(proposed, this.maxReadahead), 8);
         out.writeUInt32LE(FUSE_ASYNC_READ | FUSE_MAX_PAGES, 12);
         out.writeUInt16LE(64, 16);
         out.writeUInt16LE(48, 18);

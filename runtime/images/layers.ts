@@ -29,6 +29,8 @@ export interface LayerManagerOptions {
   timeoutMs: number;
   attempts?: number;
   idleMs: number;
+  /** The kernel's read-ahead on lazily loaded layer files, bytes (undefined: its default). */
+  readaheadBytes?: number;
   log?: { warn(o: object, msg: string): void; info(o: object, msg: string): void };
 }
 
@@ -68,6 +70,7 @@ export class LayerManager {
       storeUrl: this.o.storeUrl,
       timeoutMs: this.o.timeoutMs,
       attempts: this.o.attempts ?? 2,
+      readaheadBytes: this.o.readaheadBytes,
     };
     const child = fork(fileURLToPath(new URL('./lazyfs-main.ts', import.meta.url)), [JSON.stringify(cfg)], {
       // FUSE reads block libuv threads: room for them plus the cache's own file I/O.

@@ -21,6 +21,8 @@ export interface LayerDaemonConfig {
   storeUrl: string;
   timeoutMs: number;
   attempts: number;
+  /** The kernel's read-ahead on the lazy files, bytes (undefined: its own default). */
+  readaheadBytes?: number;
 }
 
 export type LayerDaemonRequest =
@@ -71,7 +73,7 @@ async function main(): Promise<void> {
   await umount(cfg.mountpoint);
   const fs = new FuseServer(cfg.mountpoint, {
     read: (name, offset, length) => cache.read(name.replace(/\.erofs$/, ''), offset, length),
-  });
+  }, 4, cfg.readaheadBytes);
   await fs.mount();
 
   let closing = false;

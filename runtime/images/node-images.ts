@@ -79,6 +79,7 @@ export class NodeImages {
       storeUrl: this.storeUrl,
       timeoutMs: l.timeoutMs,
       idleMs: l.idleMs,
+      readaheadBytes: l.readaheadKiB === undefined ? undefined : l.readaheadKiB * 1024,
       log: this.log,
     });
     await this.layers.start();

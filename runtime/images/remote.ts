@@ -121,7 +121,8 @@ export class HttpLayerStore implements LayerStore {
     const { createReadStream } = await import('node:fs');
     const { stat } = await import('node:fs/promises');
     const { size } = await stat(file);
-    const r = await this.call(`/blobs/sha256/${hexOf(ref.digest)}.erofs`, {
+    // The store indexes the blob itself: at the chunk size the manifest names, or its index would not match.
+    const r = await this.call(`/blobs/sha256/${hexOf(ref.digest)}.erofs${ref.chunk ? `?chunk=${ref.chunk}` : ''}`, {
       method: 'PUT',
       body: createReadStream(file),
       headers: { 'content-type': 'application/octet-stream', 'content-length': String(size) },

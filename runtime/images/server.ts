@@ -7,7 +7,8 @@
  *   GET|HEAD /blobs/sha256/<hex>.erofs     a layer (Range requests: one `bytes=a-b` range)
  *   GET|HEAD /blobs/sha256/<hex>.idx       its chunk index
  *   GET      /manifests/<name>.json        an image
- *   PUT      /blobs/sha256/<hex>.erofs     push a layer: refused (400) unless its bytes hash to <hex>
+ *   PUT      /blobs/sha256/<hex>.erofs     push a layer: refused (400) unless its bytes hash to <hex>;
+ *                                         `?chunk=N` indexes it at N-byte chunks (default 16 KiB)
  *   PUT      /manifests/<name>.json        push an image: refused (400) unless every layer is stored
  *   DELETE   /manifests/<name>.json        forget an image
  *   GET      /manifests/                   {"images": [names]}
@@ -95,10 +96,12 @@ export class StoreServer {
       const [, hex, ext] = m as unknown as [string, string, string];
       if (method === 'GET' || method === 'HEAD') return this.serveFile(req, res, ext === 'erofs' ? this.store.blobPath(hex) : this.store.indexPath(hex));
       if (method === 'PUT' && ext === 'erofs') {
+        const chunk = url.searchParams.has('chunk') ? Number(url.searchParams.get('chunk')) : undefined;
+        if (chunk !== undefined && !(Number.isInteger(chunk) && chunk >= 4096 && chunk <= 16 * 1024 * 1024)) throw new ProtocolError('INVALID_REQUEST', 'chunk: an integer from 4096 to 16 MiB');
         const tmp = this.store.tmpPath('push');
         try {
           await pipeline(req, createWriteStream(tmp));
-          const ref = await this.store.importBlob(tmp, hex);
+          const ref = await this.store.importBlob(tmp, hex, chunk);
           return send(res, 201, ref);
         } finally {
           await rm(tmp, { force: true });
