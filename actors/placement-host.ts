@@ -27,6 +27,7 @@ import {
 } from '../protocol/index.ts';
 import { traceHeaders } from '../protocol/trace.ts';
 import { serve } from './bind.ts';
+import type { Inspector } from './inspect.ts';
 import { isLive, placementMachine, rank } from './placement.ts';
 
 /** How many nodes one create tries before giving up with NO_CAPACITY. */
@@ -36,7 +37,7 @@ const NODE_CREATE_TIMEOUT_MS = 120_000;
 const GROUP_TIMEOUT_MS = 600_000;
 
 export class PlacementHost {
-  private readonly actor: Actor<typeof placementMachine> = createActor(placementMachine);
+  private readonly actor: Actor<typeof placementMachine>;
   private readonly subs: Subscription[] = [];
   private stopWatch?: () => void;
 
@@ -44,7 +45,10 @@ export class PlacementHost {
     private readonly nc: NatsConnection,
     private readonly nodes: KV,
     private readonly log: Logger,
-  ) {}
+    inspect?: Inspector,
+  ) {
+    this.actor = createActor(placementMachine, inspect ? { inspect } : {});
+  }
 
   async start(): Promise<void> {
     this.actor.start();
@@ -64,6 +68,22 @@ export class PlacementHost {
     })();
     this.subs.push(serve(this.nc, subjects.placeCreate, { queue: PLACEMENT_QUEUE, log: this.log, name: 'place.create', maxBytes: Limits.createBytesMax }, (req) => this.create(req.body)));
     this.subs.push(serve(this.nc, subjects.groupAll, { queue: PLACEMENT_QUEUE, log: this.log, name: 'group' }, (req) => this.group(req.subject)));
+    this.subs.push(serve(this.nc, subjects.nodeList, { queue: PLACEMENT_QUEUE, log: this.log, name: 'nodes.list' }, (req) => this.listNodes(req.body)));
+  }
+
+  /**
+   * `pdk.v1.nodes.list`: the node table as this replica has it (read afresh), sorted by id;
+   * `{state?, backend?}` filter it.
+   */
+  private async listNodes(body: unknown): Promise<{ nodes: NodeRecord[] }> {
+    const b = body === null || body === undefined ? {} : requireRecord(body, 'nodes.list');
+    if (b.state !== undefined && b.state !== 'serving' && b.state !== 'draining') throw new ProtocolError('INVALID_REQUEST', 'state: must be serving or draining');
+    if (b.backend !== undefined && typeof b.backend !== 'string') throw new ProtocolError('INVALID_REQUEST', 'backend: must be a string');
+    await this.reload();
+    const nodes = Object.values(this.actor.getSnapshot().context.nodes)
+      .filter((r) => (b.state === undefined || r.state === b.state) && (b.backend === undefined || r.backends.includes(b.backend as NodeRecord['backends'][number])))
+      .sort((x, y) => x.node.localeCompare(y.node));
+    return { nodes };
   }
 
   /** Reads the whole node table: at start, and when a create finds no live node (the watch may lag). */

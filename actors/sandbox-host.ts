@@ -4,10 +4,10 @@
  */
 import type { KV } from '@nats-io/kv';
 import type { NatsConnection, Subscription } from '@nats-io/transport-node';
-import { trace } from '@opentelemetry/api';
 import type { Logger } from 'pino';
 import { type Actor, type ActorOptions, type ActorSystem, createActor, fromPromise } from 'xstate';
 import {
+  type Capability,
   type EndReason,
   type ExecEvent,
   type ExecResult,
@@ -21,6 +21,7 @@ import {
   type SandboxSpec,
   type SandboxState,
   type SandboxVerb,
+  SandboxVerbTable,
   subjects,
   validateExec,
   validateNetworkPolicy,
@@ -28,9 +29,9 @@ import {
   validateStep,
 } from '../protocol/index.ts';
 import type { StepJournal } from '../chronus/journal.ts';
-import type { Backend, ExecOutcome } from '../runtime/backend.ts';
-import type { ImageManifest } from '../runtime/images/store.ts';
+import { type Backend, canSnapshot, type ExecOutcome, hasDisplay } from '../runtime/backend.ts';
 import { type Request, STREAMED, serve } from './bind.ts';
+import type { Inspector } from './inspect.ts';
 import { allows, isAsleep, isFinal, publicState, type SandboxContext, type SandboxEvent, sandboxMachine } from './sandbox.ts';
 
 export interface SandboxHostDeps {
@@ -47,6 +48,8 @@ export interface SandboxHostDeps {
   onFinal: (host: SandboxHost) => void;
   /** The command log: an exec or write that carries a rollout step runs through it, at most once. */
   journal?: StepJournal;
+  /** Sees every transition of the sandbox's actor (inspect.ts). */
+  inspect?: Inspector;
 }
 
 /** Room for the reply's envelope and fields around stdout and stderr. */
@@ -66,7 +69,7 @@ export class SandboxHost {
     actors: {
       create: fromPromise(async ({ system }) => {
         const h = SandboxHost.of(system);
-        await h.deps.backend.create(h.id, h.spec, h.image);
+        await h.deps.backend.create(h.id, h.spec);
       }),
       destroy: fromPromise(async ({ system }) => {
         const h = SandboxHost.of(system);
@@ -75,7 +78,10 @@ export class SandboxHost {
       }),
       pause: SandboxHost.verb((b, id) => b.pause(id)),
       resume: SandboxHost.verb((b, id) => b.resume(id)),
-      hibernate: SandboxHost.verb((b, id) => b.hibernate(id)),
+      hibernate: SandboxHost.verb(async (b, id) => {
+        const o = await b.hibernate(id);
+        return { bytes: o.releasedBytes ?? 0, swapped: o.swapped ?? false };
+      }),
       restore: SandboxHost.verb((b, id) => b.restore(id)),
     },
   });
@@ -109,7 +115,6 @@ export class SandboxHost {
     private readonly deps: SandboxHostDeps,
     readonly id: string,
     readonly spec: SandboxSpec,
-    readonly image: ImageManifest,
   ) {
     const now = Date.now();
     this.info = {
@@ -131,6 +136,7 @@ export class SandboxHost {
     this.actor = createActor(SandboxHost.machine, {
       input: { id, ttlMs: spec.ttlSec * 1000, idleAction: spec.idleAction, ...(spec.idleTimeoutSec !== undefined ? { idleMs: spec.idleTimeoutSec * 1000 } : {}) },
       ...(deps.clock ? { clock: deps.clock } : {}),
+      ...(deps.inspect ? { inspect: deps.inspect } : {}),
     });
     hosts.set(this.actor.system, this);
     this.actor.subscribe((snap) => this.onSnapshot(publicState(snap.value), snap.context));
@@ -231,12 +237,10 @@ export class SandboxHost {
     if (ctx.sleepReason) this.info.sleepReason = ctx.sleepReason;
     if (ctx.released) this.info.released = ctx.released;
     if (isFinal(state)) this.info.endedAt = Date.now();
-    // The span of the request that caused it (create, kill, pause, …) shows the transition.
-    trace.getActiveSpan()?.addEvent('sandbox.transition', { 'sandbox.id': this.id, 'sandbox.state': state });
-    // Every transition is also an event on NATS and a directory record: a line per sandbox per
-    // transition at info would be the node's busiest log (3,200 per group pause). Failures stay loud.
+    // Spans and debug lines of transitions come from the inspector (inspect.ts). Every transition
+    // is also an event on NATS and a directory record: a line per sandbox per transition at info
+    // would be the node's busiest log (3,200 per group pause). Failures stay loud.
     if (state === 'failed') this.log.warn({ state, reason, error }, 'sandbox transition');
-    else if (this.deps.log.isLevelEnabled('debug')) this.log.debug({ state, reason, error }, 'sandbox transition');
     const record = encode(this.info);
     this.publishEvent(record);
     this.published = this.published.then(async () => {
@@ -268,68 +272,39 @@ export class SandboxHost {
     const prefix = `pdk.v1.sb.${this.id}.`;
     const verb = req.subject.slice(prefix.length);
     if (!isSandboxVerb(verb)) throw new ProtocolError('UNKNOWN_VERB', `unknown sandbox verb '${verb}'`);
-    if (NEEDS_RUNNING.has(verb) && isAsleep(this.state)) await this.awake(verb);
+    const row = SandboxVerbTable[verb];
+    if (row.wakes && isAsleep(this.state)) await this.awake(verb);
     if (!allows(this.state, verb)) {
       throw new ProtocolError('INVALID_STATE', `sandbox ${this.id} is ${this.state}: '${verb}' is not allowed`, { detail: { state: this.state } });
     }
-    if (NEEDS_RUNNING.has(verb)) return this.active(() => this.call(verb, req));
-    return this.call(verb, req);
-  }
-
-  private async call(verb: SandboxVerb, req: Request): Promise<unknown> {
-    switch (verb) {
-      case 'info':
-        return this.info;
-      case 'kill':
-        return this.kill();
-      case 'pause':
-        return this.lifecycle({ type: 'PAUSE', why: whyOf(req.body) });
-      case 'hibernate':
-        return this.lifecycle({ type: 'HIBERNATE', why: whyOf(req.body) });
-      case 'resume':
-        return this.lifecycle({ type: 'RESUME' });
-      case 'restore':
-        return this.lifecycle({ type: 'RESTORE' });
-      case 'exec':
-        return this.exec(req);
-      case 'exec.cancel': {
-        const body = requireRecord(req.body, 'exec.cancel');
-        const ctl = typeof body.execId === 'string' ? this.execs.get(body.execId) : undefined;
-        ctl?.abort();
-        return { cancelled: ctl !== undefined };
-      }
-      case 'files.read': {
-        const b = requireRecord(req.body, 'files.read');
-        return this.deps.backend.files(this.id).read(validatePath(b.path), optionalCount(b.offset, 'offset'), optionalCount(b.length, 'length'));
-      }
-      case 'files.write': {
-        const b = requireRecord(req.body, 'files.write');
-        if (!(b.data instanceof Uint8Array)) throw new ProtocolError('INVALID_REQUEST', 'data: must be bytes');
-        const w = { path: validatePath(b.path), data: b.data, offset: optionalCount(b.offset, 'offset'), mode: optionalCount(b.mode, 'mode', 0o7777) };
-        const write = () => this.deps.backend.files(this.id).write(w.path, w.data, { offset: w.offset, mode: w.mode });
-        const step = validateStep(b);
-        return step ? this.journal().write({ ...step, sandbox: this.id }, w, write) : write();
-      }
-      case 'files.list': {
-        const b = requireRecord(req.body, 'files.list');
-        return { entries: await this.deps.backend.files(this.id).list(validatePath(b.path)) };
-      }
-      case 'files.remove': {
-        const b = requireRecord(req.body, 'files.remove');
-        await this.deps.backend.files(this.id).remove(validatePath(b.path), b.recursive === true);
-        return {};
-      }
-      case 'network.set': {
-        const b = requireRecord(req.body, 'network.set');
-        const policy = validateNetworkPolicy(b.policy ?? {}, 'INVALID_REQUEST', 'policy');
-        if (!this.deps.backend.setNetwork) throw new ProtocolError('INVALID_REQUEST', `backend ${this.spec.backend} has no network policies`);
-        await this.deps.backend.setNetwork(this.id, policy);
-        return { policy };
-      }
+    if ('capability' in row && !hasCapability(this.deps.backend, row.capability)) {
+      throw new ProtocolError('INVALID_REQUEST', `backend ${this.spec.backend} cannot '${verb}' (it lacks the ${row.capability} capability)`);
     }
+    const handler = HANDLERS[verb];
+    if (row.wakes) return this.active(() => handler(this, req));
+    return handler(this, req);
   }
 
-  private async exec(req: Request): Promise<unknown> {
+  /** @internal the backend, for the verb handlers below. */
+  get backend(): Backend {
+    return this.deps.backend;
+  }
+
+  /** @internal */
+  cancelExec(execId: unknown): boolean {
+    const ctl = typeof execId === 'string' ? this.execs.get(execId) : undefined;
+    ctl?.abort();
+    return ctl !== undefined;
+  }
+
+  /** @internal a files.write, through the command log when it carries a rollout step. */
+  writeFile(body: Record<string, unknown>, w: { path: string; data: Uint8Array; offset?: number; mode?: number }, write: () => Promise<{ size: number }>) {
+    const step = validateStep(body);
+    return step ? this.journal().write({ ...step, sandbox: this.id }, w, write) : write();
+  }
+
+  /** @internal */
+  async exec(req: Request): Promise<unknown> {
     const r = validateExec(req.body, { maxOutputBytes: this.deps.maxOutputBytes });
     const ctl = new AbortController();
     const execId = r.execId ?? `x${Math.random().toString(36).slice(2)}`;
@@ -372,8 +347,59 @@ export class SandboxHost {
   }
 }
 
-/** Verbs that run something in the sandbox: they wake it (or fail) and count as activity. */
-const NEEDS_RUNNING: ReadonlySet<SandboxVerb> = new Set(['exec', 'files.read', 'files.write', 'files.list', 'files.remove']);
+/**
+ * What each verb of the table (protocol/verbs.ts) does once the host has let it through: its
+ * state, wake-up and capability are checked before, from the table's row.
+ */
+const HANDLERS: Record<SandboxVerb, (h: SandboxHost, req: Request) => Promise<unknown>> = {
+  info: async (h) => h.info,
+  kill: (h) => h.kill(),
+  pause: (h, req) => h.lifecycle({ type: 'PAUSE', why: whyOf(req.body) }),
+  hibernate: (h, req) => h.lifecycle({ type: 'HIBERNATE', why: whyOf(req.body) }),
+  resume: (h) => h.lifecycle({ type: 'RESUME' }),
+  restore: (h) => h.lifecycle({ type: 'RESTORE' }),
+  exec: (h, req) => h.exec(req),
+  'exec.cancel': async (h, req) => ({ cancelled: h.cancelExec(requireRecord(req.body, 'exec.cancel').execId) }),
+  'files.read': async (h, req) => {
+    const b = requireRecord(req.body, 'files.read');
+    return h.backend.files(h.id).read(validatePath(b.path), optionalCount(b.offset, 'offset'), optionalCount(b.length, 'length'));
+  },
+  'files.write': async (h, req) => {
+    const b = requireRecord(req.body, 'files.write');
+    if (!(b.data instanceof Uint8Array)) throw new ProtocolError('INVALID_REQUEST', 'data: must be bytes');
+    const w = { path: validatePath(b.path), data: b.data, offset: optionalCount(b.offset, 'offset'), mode: optionalCount(b.mode, 'mode', 0o7777) };
+    return h.writeFile(b, w, () => h.backend.files(h.id).write(w.path, w.data, { offset: w.offset, mode: w.mode }));
+  },
+  'files.list': async (h, req) => {
+    const b = requireRecord(req.body, 'files.list');
+    return { entries: await h.backend.files(h.id).list(validatePath(b.path)) };
+  },
+  'files.remove': async (h, req) => {
+    const b = requireRecord(req.body, 'files.remove');
+    await h.backend.files(h.id).remove(validatePath(b.path), b.recursive === true);
+    return {};
+  },
+  'network.set': async (h, req) => {
+    const b = requireRecord(req.body, 'network.set');
+    const policy = validateNetworkPolicy(b.policy ?? {}, 'INVALID_REQUEST', 'policy');
+    await h.backend.setNetwork?.(h.id, policy);
+    return { policy };
+  },
+  stats: async (h) => (await h.backend.stats?.(h.id)) ?? {},
+};
+
+function hasCapability(b: Backend, cap: Capability): boolean {
+  switch (cap) {
+    case 'network':
+      return typeof b.setNetwork === 'function';
+    case 'stats':
+      return typeof b.stats === 'function';
+    case 'snapshot':
+      return canSnapshot(b);
+    case 'display':
+      return hasDisplay(b);
+  }
+}
 /** States a lifecycle step ends in (the transient ones are on the way). */
 const SETTLED: readonly SandboxState[] = ['running', 'paused', 'hibernated', 'stopped', 'failed'];
 

@@ -12,10 +12,11 @@ import { type ParseArgsConfig, parseArgs } from 'node:util';
 import { DEFAULT_HOME, natsUrlFile } from '../protocol/discovery.ts';
 import { type BackendKind, Backends, ErrorCodes, isToken, Limits, ProtocolError } from '../protocol/index.ts';
 import { exportCommand } from '../chronus/cli.ts';
+import { CHRONUS_ENV_DOC } from '../chronus/config.ts';
 import { ENV_DOC, sanitizeId } from '../runtime/config.ts';
 import { ImageUsageError, imageCommand } from '../runtime/images/cli.ts';
 import { fnCommand, FnUsageError } from '../runtime/fncall/cli.ts';
-import { nodeCommand } from '../runtime/launch.ts';
+import { nodeCommand } from './launch.ts';
 import { type CreateSpec, type FileEntry, NotFoundError, Paddock, PaddockError, type Sandbox, type SandboxInfo } from '../sdk/index.ts';
 import { type NodeProcess, startNode } from './local.ts';
 import { type EmbeddedNats, startNats } from './nats.ts';
@@ -64,7 +65,7 @@ Exit status: 0 on success; exec: the command's exit code; 2 when the request was
 (bad arguments, unknown sandbox, invalid spec); 1 otherwise.
 
 Environment (up, node):
-${Object.entries(ENV_DOC)
+${Object.entries({ ...ENV_DOC, ...CHRONUS_ENV_DOC })
   .map(([k, v]) => `  ${k.padEnd(26)} ${v}`)
   .join('\n')}
 `;

@@ -1,12 +1,12 @@
 /**
  * A Paddock on this host: an embedded nats-server and node processes, each node in its own
- * mount namespace (see runtime/launch.ts). Used by `paddock up`, the tests and the benchmarks.
+ * mount namespace (see launch.ts). Used by `paddock up`, the tests and the benchmarks.
  */
 import { type ChildProcess, spawn } from 'node:child_process';
 import { createWriteStream, type WriteStream } from 'node:fs';
 import { mkdir } from 'node:fs/promises';
 import { join } from 'node:path';
-import { nodeCommand } from '../runtime/launch.ts';
+import { nodeCommand } from './launch.ts';
 import { type EmbeddedNats, startNats } from './nats.ts';
 
 export interface NodeProcess {

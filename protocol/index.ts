@@ -7,6 +7,7 @@ export { domainAllowed, formatIPv4, isOpen, maskOf, NetworkLimits, parseIPv4, pa
 export type { AllowRule, ParsedPolicy } from './network.ts';
 export type {
   BackendKind,
+  BackendOffer,
   CreateReply,
   CreateRequest,
   EndReason,
@@ -50,9 +51,12 @@ export type {
   SandboxInfo,
   SandboxSpec,
   SandboxState,
+  SandboxStats,
 } from './messages.ts';
 export { Buckets, FN_QUEUE, isSandboxVerb, isToken, NodeVerbs, PLACEMENT_QUEUE, PREFIX, parseSandboxSubject, SandboxVerbs, Streams, subjects } from './subjects.ts';
 export type { NodeVerb, SandboxVerb } from './subjects.ts';
 export { Limits, optionalCount, requireRecord, validateExec, validateFnInvoke, validatePath, validateSpec, validateStep } from './validate.ts';
 export type { FnInvoke } from './validate.ts';
 export { newSandboxId } from './ids.ts';
+export { Capabilities, SandboxVerbTable, verbAllowed, verbRow } from './verbs.ts';
+export type { Capability, VerbRow } from './verbs.ts';

@@ -4,7 +4,8 @@
  */
 import type { WireError } from './errors.ts';
 
-export const Backends = ['container', 'fncall', 'microvm', 'fullvm'] as const;
+/** Sandbox backends. FnCall is a service (`pdk.v1.fn.invoke`), not a kind of sandbox. */
+export const Backends = ['container', 'microvm', 'fullvm', 'sim'] as const;
 export type BackendKind = (typeof Backends)[number];
 
 /** Lifecycle states of a sandbox, as published in events and the directory. */
@@ -287,10 +288,25 @@ export interface NodeRecord {
   heartbeatMs: number;
   ts: number;
   state: 'serving' | 'draining';
+  /** Per backend kind this node offers: its own capacity pool and what is allocated from it. `capacity` and `allocated` above are their sums. */
+  offers?: Partial<Record<BackendKind, BackendOffer>>;
   /** The layer store this node reads from (and, when it embeds it, serves): an http:// base URL. */
   store?: string;
   /** FnCall on this node: the languages it has images for, and its load. */
   fn?: { languages: FnLanguage[]; running: number; queued: number };
+}
+
+export interface BackendOffer {
+  capacity: Resources;
+  allocated: Resources;
+}
+
+/** What a sandbox uses now, as far as its backend can tell (the `stats` verb). */
+export interface SandboxStats {
+  cpuSec?: number;
+  memoryBytes?: number;
+  diskBytes?: number;
+  pids?: number;
 }
 
 export interface Resources {
