@@ -171,7 +171,8 @@ export class NodeHost {
   }
 
   private async info() {
-    return { ...this.record(), ids: [...this.sandboxes.keys()], creates: this.creates.load, layers: await this.deps.images.stats(), ...(this.deps.fn ? { fnPools: this.deps.fn.stats() } : {}) };
+    const mem = process.memoryUsage();
+    return { ...this.record(), ids: [...this.sandboxes.keys()], creates: this.creates.load, process: { heapUsedBytes: mem.heapUsed, rssBytes: mem.rss }, layers: await this.deps.images.stats(), ...(this.deps.fn ? { fnPools: this.deps.fn.stats() } : {}) };
   }
 
   private async beat(): Promise<void> {
