@@ -119,6 +119,13 @@ for (const kind of KINDS) {
   });
 }
 
+test('sim: what the simulated backend cannot honour is refused, not ignored', async (t) => {
+  t.is(await code(c.pdk.sandboxes.create({ backend: 'sim', network: { domains: ['example.com'] } })), 'INVALID_SPEC');
+  const sb = await c.pdk.sandboxes.create({ backend: 'sim' });
+  t.teardown(() => sb.kill().catch(() => {}));
+  t.is(await code(sb.call('network.set', { policy: {} })), 'INVALID_REQUEST');
+});
+
 test('a backend the node does not offer is refused with INVALID_SPEC', async (t) => {
   t.is(await code(c.pdk.sandboxes.create({ backend: 'microvm' })), 'INVALID_SPEC');
   t.is(await code(c.pdk.sandboxes.create({ backend: 'fncall' as BackendKind })), 'INVALID_SPEC');

@@ -17,6 +17,8 @@ export const simPlugin: BackendPlugin = {
   // The images a simulated sandbox names must exist in the store, as for a real one: placement
   // and its errors then behave the same; their layers are never read.
   checkSpec: async (spec, ctx) => {
+    // A simulated sandbox has no network to open: a policy it cannot honour is refused, not ignored.
+    if (spec.network) throw new ProtocolError('INVALID_SPEC', "network: the 'sim' backend has no network (it has no network.set either)", { detail: { field: 'network' } });
     const known = await ctx.images.list();
     for (const name of [spec.image, spec.toolkit, spec.workspace]) {
       if (name !== undefined && !known.includes(name)) throw new ProtocolError('INVALID_SPEC', `unknown image '${name}' (known: ${known.join(', ')})`, { detail: { field: 'image' } });
