@@ -131,6 +131,21 @@ test('a backend the node does not offer is refused with INVALID_SPEC', async (t)
   t.is(await code(c.pdk.sandboxes.create({ backend: 'fncall' as BackendKind })), 'INVALID_SPEC');
 });
 
+// Serial: ava runs these before the concurrent cases, which the drained node would refuse.
+test.serial('a drained node takes no new sandboxes and keeps its own; undrained it takes them again', async (t) => {
+  const node = c.cluster.nodes[0]!.id;
+  const kept = await c.pdk.sandboxes.create({ backend: 'sim' });
+  const rec = await c.pdk.nodes.drain(node);
+  t.is(rec.state, 'draining');
+  t.deepEqual((await c.pdk.nodes.query({ state: 'draining' })).map((r) => r.node), [node]);
+  t.is(await code(c.pdk.sandboxes.create({ backend: 'sim' })), 'NO_CAPACITY');
+  t.is((await kept.exec(['echo', 'still served'])).stdout, 'still served\n');
+  t.is((await c.pdk.nodes.undrain(node)).state, 'serving');
+  const fresh = await c.pdk.sandboxes.create({ backend: 'sim' });
+  t.is(fresh.info.node, node);
+  await Promise.all([kept.kill(), fresh.kill()]);
+});
+
 test.serial('recovery after a crash: every backend cleans up, the directory says what was lost, the node serves again', async (t) => {
   const own = await startTestCluster({ env: { PADDOCK_BACKENDS: BACKENDS } });
   t.teardown(() => stopTestCluster(own));
