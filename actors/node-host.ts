@@ -89,7 +89,8 @@ export class NodeHost {
   private readonly sandboxes = new Map<string, SandboxHost>();
   private readonly subs: Subscription[] = [];
   private readonly timers: Array<() => void> = [];
-  private readonly creates: Semaphore;
+  /** Creates admitted and waiting for a backend slot (CREATE_BEGIN), first come first served. */
+  private readonly turns: Array<() => void> = [];
   private readonly clock: NodeClock;
   /** A watch is running (they must not overlap: each may take a hibernation per victim). */
   private reclaiming: boolean = false;
@@ -97,10 +98,9 @@ export class NodeHost {
 
   constructor(private readonly deps: NodeHostDeps) {
     this.clock = deps.clock ?? realClock;
-    this.creates = new Semaphore(deps.cfg.createConcurrency);
     const pools: Partial<Record<BackendKind, Resources>> = {};
     for (const b of deps.backends.all()) pools[b.kind] = b.capacity;
-    this.supervisor = createActor(nodeMachine, { input: { pools }, ...(deps.inspect ? { inspect: deps.inspect } : {}) });
+    this.supervisor = createActor(nodeMachine, { input: { pools, createConcurrency: deps.cfg.createConcurrency }, ...(deps.inspect ? { inspect: deps.inspect } : {}) });
   }
 
   get id(): string {
@@ -172,7 +172,7 @@ export class NodeHost {
 
   private async info() {
     const mem = process.memoryUsage();
-    return { ...this.record(), ids: [...this.sandboxes.keys()], creates: this.creates.load, process: { heapUsedBytes: mem.heapUsed, rssBytes: mem.rss }, layers: await this.deps.images.stats(), ...(this.deps.fn ? { fnPools: this.deps.fn.stats() } : {}) };
+    return { ...this.record(), ids: [...this.sandboxes.keys()], creates: { running: this.supervisor.getSnapshot().context.creates.running, waiting: this.turns.length }, process: { heapUsedBytes: mem.heapUsed, rssBytes: mem.rss }, layers: await this.deps.images.stats(), ...(this.deps.fn ? { fnPools: this.deps.fn.stats() } : {}) };
   }
 
   private async beat(): Promise<void> {
@@ -235,12 +235,29 @@ export class NodeHost {
     this.sandboxes.set(id, host);
     // Creates beyond a few at once only slow each other down (2 cores share mount and crun work):
     // queueing them keeps the same throughput and gives early callers an early answer.
-    const info = await this.creates.run(() => host.start());
+    const info = await this.createInTurn(() => host.start());
     if (info.state === 'failed') {
       const e = info.error;
       throw new ProtocolError(e?.code ?? 'BACKEND_FAILED', `create failed: ${e?.message ?? 'unknown error'}`);
     }
     return { sandbox: info };
+  }
+
+  /**
+   * Runs a backend create once the machine grants it a slot. A finished create hands its slot
+   * straight to the longest waiting one, so a newcomer cannot overtake the queue.
+   */
+  private async createInTurn<T>(start: () => Promise<T>): Promise<T> {
+    const begin = { type: 'CREATE_BEGIN' } as const;
+    if (this.supervisor.getSnapshot().can(begin)) this.supervisor.send(begin);
+    else await new Promise<void>((r) => this.turns.push(r));
+    try {
+      return await start();
+    } finally {
+      const next = this.turns.shift();
+      if (next) next();
+      else this.supervisor.send({ type: 'CREATE_END' });
+    }
   }
 
   /** Applies a group verb to this node's sandboxes of `group`, many at once; a summary per sandbox. */

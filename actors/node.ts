@@ -8,8 +8,10 @@
  *   admission: serving ⇄ draining (DRAIN / UNDRAIN) → stopped (STOP)
  *   memory:    normal ⇄ pressure (PRESSURE / RELIEVED)
  *
- * The host (node-host.ts) does the effects: it asks `can(ADMIT)` before it starts a sandbox, and
- * hibernates the victims `pickVictims` names while `memory` is `pressure`.
+ * The host (node-host.ts) does the effects: it asks `can(ADMIT)` before it starts a sandbox, then
+ * `can(CREATE_BEGIN)` before its backend create (creates beyond a few at once only slow each other
+ * down; the rest wait in the host, first come first served), and hibernates the victims
+ * `pickVictims` names while `memory` is `pressure`.
  */
 import { assign, setup } from 'xstate';
 import type { BackendKind, Resources } from '../protocol/index.ts';
@@ -30,11 +32,16 @@ export interface NodeContext {
    * (measured); nothing keeps an earlier snapshot's holds.
    */
   holds: Map<string, { kind: BackendKind; need: Resources }>;
+  /** Backend creates running now, and how many may run at once (the rest wait their turn in the host). */
+  creates: { running: number; max: number };
 }
 
 export type NodeEvent =
   | { type: 'ADMIT'; id: string; kind: BackendKind; need: Resources }
   | { type: 'RELEASE'; id: string }
+  /** An admitted sandbox's backend create starts (refused while `max` run), or has ended. */
+  | { type: 'CREATE_BEGIN' }
+  | { type: 'CREATE_END' }
   | { type: 'DRAIN' }
   | { type: 'UNDRAIN' }
   | { type: 'STOP' }
@@ -89,12 +96,13 @@ function add(a: Resources, b: Resources, sign: 1 | -1): Resources {
 export const nodeMachine = setup({
   types: {
     context: {} as NodeContext,
-    input: {} as { pools: Partial<Record<BackendKind, Resources>> },
+    input: {} as { pools: Partial<Record<BackendKind, Resources>>; createConcurrency?: number },
     events: {} as NodeEvent,
   },
   guards: {
     fits: ({ context, event }) => event.type === 'ADMIT' && !context.holds.has(event.id) && refusal(context, event.kind, event.need) === null,
     holds: ({ context, event }) => event.type === 'RELEASE' && context.holds.has(event.id),
+    createSlot: ({ context }) => context.creates.running < context.creates.max,
   },
   actions: {
     // Pools are updated in place, like `holds` (see there).
@@ -114,6 +122,13 @@ export const nodeMachine = setup({
       if (pool) pool.allocated = add(pool.allocated, held.need, -1);
       return { allocated: add(context.allocated, held.need, -1) };
     }),
+    // In place, as the holds: a create's two events must not copy the context.
+    beginCreate: ({ context }) => {
+      context.creates.running++;
+    },
+    endCreate: ({ context }) => {
+      context.creates.running = Math.max(0, context.creates.running - 1);
+    },
   },
 }).createMachine({
   id: 'node',
@@ -125,10 +140,12 @@ export const nodeMachine = setup({
       pools[kind] = { capacity: c, allocated: zero() };
       capacity = add(capacity, c, 1);
     }
-    return { capacity, allocated: zero(), pools, holds: new Map() };
+    return { capacity, allocated: zero(), pools, holds: new Map(), creates: { running: 0, max: input.createConcurrency ?? Number.POSITIVE_INFINITY } };
   },
   on: {
     RELEASE: { guard: 'holds', actions: 'release' },
+    CREATE_BEGIN: { guard: 'createSlot', actions: 'beginCreate' },
+    CREATE_END: { actions: 'endCreate' },
   },
   states: {
     admission: {

@@ -156,6 +156,17 @@ test('node: admits within capacity, refuses beyond, releases', (t) => {
   t.true(a.getSnapshot().can(admit('d')));
 });
 
+test('node: backend creates run a few at a time; the machine grants each its slot', (t) => {
+  const a = createActor(nodeMachine, { input: { pools: { sim: { cpu: 8, memoryMiB: 8000, sandboxes: 8 } }, createConcurrency: 2 } }).start();
+  const begin = { type: 'CREATE_BEGIN' } as const;
+  a.send(begin);
+  a.send(begin);
+  t.false(a.getSnapshot().can(begin));
+  t.is(a.getSnapshot().context.creates.running, 2);
+  a.send({ type: 'CREATE_END' });
+  t.true(a.getSnapshot().can(begin));
+});
+
 test('node: each backend kind has a pool of its own', (t) => {
   const a = createActor(nodeMachine, { input: { pools: { container: { cpu: 1, memoryMiB: 1000, sandboxes: 10 }, sim: { cpu: 64, memoryMiB: 100_000, sandboxes: 1000 } } } }).start();
   const need = { cpu: 1, memoryMiB: 100, sandboxes: 1 };
