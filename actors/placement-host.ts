@@ -19,6 +19,7 @@ import {
   ProtocolError,
   parseGroupSubject,
   type Reply,
+  requireRecord,
   scanKv,
   subjects,
   validateCreate,
@@ -27,6 +28,7 @@ import {
 import { traceHeaders } from '../protocol/trace.ts';
 import { serve } from './bind.ts';
 import { DirectoryHost } from './directory-host.ts';
+import type { Inspector } from './inspect.ts';
 import { isLive, placementMachine, rank } from './placement.ts';
 import { RolloutHost } from './rollout-host.ts';
 
@@ -37,7 +39,7 @@ const NODE_CREATE_TIMEOUT_MS = 120_000;
 const GROUP_TIMEOUT_MS = 600_000;
 
 export class PlacementHost {
-  private readonly actor: Actor<typeof placementMachine> = createActor(placementMachine);
+  private readonly actor: Actor<typeof placementMachine>;
   private readonly subs: Subscription[] = [];
   private stopWatch?: () => void;
   /** Placement replicas also answer the directory and command-log calls: both are stateless reads of JetStream. */
@@ -48,7 +50,9 @@ export class PlacementHost {
     private readonly nc: NatsConnection,
     private readonly nodes: KV,
     private readonly log: Logger,
+    inspect?: Inspector,
   ) {
+    this.actor = createActor(placementMachine, inspect ? { inspect } : {});
     this.directory = new DirectoryHost(nc, log);
     this.rollouts = new RolloutHost(nc, this.directory, log);
   }
@@ -73,6 +77,22 @@ export class PlacementHost {
     this.subs.push(serve(this.nc, subjects.groupAll, { queue: PLACEMENT_QUEUE, log: this.log, name: 'group' }, (req) => this.group(req.subject)));
     this.directory.start();
     this.rollouts.start();
+    this.subs.push(serve(this.nc, subjects.nodeList, { queue: PLACEMENT_QUEUE, log: this.log, name: 'nodes.list' }, (req) => this.listNodes(req.body)));
+  }
+
+  /**
+   * `pdk.v1.nodes.list`: the node table as this replica has it (read afresh), sorted by id;
+   * `{state?, backend?}` filter it.
+   */
+  private async listNodes(body: unknown): Promise<{ nodes: NodeRecord[] }> {
+    const b = body === null || body === undefined ? {} : requireRecord(body, 'nodes.list');
+    if (b.state !== undefined && b.state !== 'serving' && b.state !== 'draining') throw new ProtocolError('INVALID_REQUEST', 'state: must be serving or draining');
+    if (b.backend !== undefined && typeof b.backend !== 'string') throw new ProtocolError('INVALID_REQUEST', 'backend: must be a string');
+    await this.reload();
+    const nodes = Object.values(this.actor.getSnapshot().context.nodes)
+      .filter((r) => (b.state === undefined || r.state === b.state) && (b.backend === undefined || r.backends.includes(b.backend as NodeRecord['backends'][number])))
+      .sort((x, y) => x.node.localeCompare(y.node));
+    return { nodes };
   }
 
   /** Reads the whole node table: at start, and when a create finds no live node (the watch may lag). */

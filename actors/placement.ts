@@ -4,7 +4,7 @@
  * replica may answer, node admission arbitrates.
  */
 import { assign, setup } from 'xstate';
-import type { NodeRecord, SandboxSpec } from '../protocol/index.ts';
+import type { BackendKind, BackendOffer, NodeRecord, SandboxSpec } from '../protocol/index.ts';
 
 export interface PlacementContext {
   nodes: Record<string, NodeRecord>;
@@ -26,13 +26,24 @@ export function isLive(r: NodeRecord, now: number): boolean {
 export type Ranking = { nodes: string[]; reason?: string };
 
 /**
+ * The pool a node offers for `kind`: its own when the record lists offers per kind, else the whole
+ * node's (records of nodes from before offers).
+ */
+export function offerOf(r: NodeRecord, kind: BackendKind): BackendOffer | undefined {
+  if (r.offers) return r.offers[kind];
+  if (!r.backends.includes(kind)) return undefined;
+  return { capacity: r.capacity, allocated: { ...r.allocated, sandboxes: r.sandboxes } };
+}
+
+/**
  * Nodes that could take `spec`, best first: the one with the largest free share of its scarcest
- * resource. Ties are broken at random so that replicas do not herd onto one node.
+ * resource in the pool of the spec's backend kind. Ties are broken at random so that replicas do
+ * not herd onto one node.
  */
 export function rank(ctx: PlacementContext, spec: SandboxSpec, now: number, random = Math.random): Ranking {
   const live = Object.values(ctx.nodes).filter((r) => isLive(r, now));
   if (live.length === 0) return { nodes: [], reason: 'no live node' };
-  const withBackend = live.filter((r) => r.backends.includes(spec.backend));
+  const withBackend = live.filter((r) => offerOf(r, spec.backend) !== undefined);
   if (withBackend.length === 0) return { nodes: [], reason: `no live node offers backend '${spec.backend}'` };
   // A composed rootfs needs every image it is made of.
   const wanted = [spec.image, spec.toolkit, spec.workspace].filter((x): x is string => x !== undefined);
@@ -41,10 +52,12 @@ export function rank(ctx: PlacementContext, spec: SandboxSpec, now: number, rand
   const pinned = spec.node ? withImage.filter((r) => r.node === spec.node) : withImage;
   if (pinned.length === 0) return { nodes: [], reason: `node '${spec.node}' is not live or lacks the image` };
   const scored = pinned.map((r) => {
+    const { capacity: c, allocated: a } = offerOf(r, spec.backend) as BackendOffer;
+    // Creates in flight count against every pool of the node: the replica does not track kinds.
     const p = ctx.pending[r.node] ?? { cpu: 0, memoryMiB: 0, sandboxes: 0 };
-    const freeCpu = (r.capacity.cpu - r.allocated.cpu - p.cpu - spec.cpu) / r.capacity.cpu;
-    const freeMem = (r.capacity.memoryMiB - r.allocated.memoryMiB - p.memoryMiB - spec.memoryMiB) / r.capacity.memoryMiB;
-    const freeCount = (r.capacity.sandboxes - r.sandboxes - p.sandboxes - 1) / r.capacity.sandboxes;
+    const freeCpu = (c.cpu - a.cpu - p.cpu - spec.cpu) / c.cpu;
+    const freeMem = (c.memoryMiB - a.memoryMiB - p.memoryMiB - spec.memoryMiB) / c.memoryMiB;
+    const freeCount = (c.sandboxes - a.sandboxes - p.sandboxes - 1) / c.sandboxes;
     return { node: r.node, score: Math.min(freeCpu, freeMem, freeCount), tie: random() };
   });
   const fitting = scored.filter((s) => s.score >= 0);

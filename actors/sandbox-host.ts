@@ -5,10 +5,10 @@
 import { cpus } from 'node:os';
 import type { KV } from '@nats-io/kv';
 import type { NatsConnection, Subscription } from '@nats-io/transport-node';
-import { trace } from '@opentelemetry/api';
 import type { Logger } from 'pino';
 import { type Actor, type ActorOptions, type ActorSystem, createActor, fromPromise } from 'xstate';
 import {
+  type Capability,
   type EndReason,
   type ExecEvent,
   type ExecResult,
@@ -21,16 +21,17 @@ import {
   type SandboxSpec,
   type SandboxState,
   type SandboxVerb,
+  SandboxVerbTable,
   subjects,
   validateExec,
   validateSandboxRequest,
   validateStep,
 } from '../protocol/index.ts';
 import type { StepJournal } from '../chronus/journal.ts';
-import { type Backend, EXEC_KILLED, type ExecOptions, type ExecOutcome } from '../runtime/backend.ts';
-import type { ImageManifest } from '../runtime/images/store.ts';
+import { type Backend, canSnapshot, EXEC_KILLED, type ExecOptions, type ExecOutcome, hasDisplay } from '../runtime/backend.ts';
 import { Semaphore } from '../runtime/limit.ts';
 import { type Request, STREAMED, serve } from './bind.ts';
+import type { Inspector } from './inspect.ts';
 import { allows, isAsleep, isFinal, publicState, type SandboxContext, type SandboxEvent, sandboxMachine } from './sandbox.ts';
 
 export interface SandboxHostDeps {
@@ -47,6 +48,8 @@ export interface SandboxHostDeps {
   onFinal: (host: SandboxHost) => void;
   /** The command log: an exec or write that carries a rollout step runs through it, at most once. */
   journal?: StepJournal;
+  /** Sees every transition of the sandbox's actor (inspect.ts). */
+  inspect?: Inspector;
 }
 
 /** Execs one sandbox starts at once (execSlots): half the node's CPUs, so one sandbox's execs leave the other half to the rest. */
@@ -71,7 +74,7 @@ export class SandboxHost {
     actors: {
       create: fromPromise(async ({ system }) => {
         const h = SandboxHost.of(system);
-        await h.deps.backend.create(h.id, h.spec, h.image);
+        await h.deps.backend.create(h.id, h.spec);
       }),
       destroy: fromPromise(async ({ system }) => {
         const h = SandboxHost.of(system);
@@ -81,7 +84,10 @@ export class SandboxHost {
       }),
       pause: SandboxHost.verb((b, id) => b.pause(id)),
       resume: SandboxHost.verb((b, id) => b.resume(id)),
-      hibernate: SandboxHost.verb((b, id) => b.hibernate(id)),
+      hibernate: SandboxHost.verb(async (b, id) => {
+        const o = await b.hibernate(id);
+        return { bytes: o.releasedBytes ?? 0, swapped: o.swapped ?? false };
+      }),
       restore: SandboxHost.verb((b, id) => b.restore(id)),
     },
   });
@@ -123,7 +129,6 @@ export class SandboxHost {
     private readonly deps: SandboxHostDeps,
     readonly id: string,
     readonly spec: SandboxSpec,
-    readonly image: ImageManifest,
   ) {
     const now = Date.now();
     this.info = {
@@ -145,6 +150,7 @@ export class SandboxHost {
     this.actor = createActor(SandboxHost.machine, {
       input: { id, ttlMs: spec.ttlSec * 1000, idleAction: spec.idleAction, ...(spec.idleTimeoutSec !== undefined ? { idleMs: spec.idleTimeoutSec * 1000 } : {}) },
       ...(deps.clock ? { clock: deps.clock } : {}),
+      ...(deps.inspect ? { inspect: deps.inspect } : {}),
     });
     hosts.set(this.actor.system, this);
     this.actor.subscribe((snap) => this.onSnapshot(publicState(snap.value), snap.context));
@@ -251,10 +257,9 @@ export class SandboxHost {
     if (ctx.sleepReason) this.info.sleepReason = ctx.sleepReason;
     if (ctx.released) this.info.released = ctx.released;
     if (isFinal(state)) this.info.endedAt = Date.now();
-    // The span of the request that caused it (create, kill, pause, …) shows the transition.
-    trace.getActiveSpan()?.addEvent('sandbox.transition', { 'sandbox.id': this.id, 'sandbox.state': state });
-    // One line per lifecycle change: a person reading the log sees each sandbox come and go. At
-    // ~5 µs a line, a group pause of 3,200 sandboxes costs the node ~16 ms of logging.
+    // Spans of transitions come from the inspector (inspect.ts). One info line per lifecycle
+    // change: a person reading the log sees each sandbox come and go. At ~5 µs a line, a group
+    // pause of 3,200 sandboxes costs the node ~16 ms of logging.
     if (state === 'failed') this.log.warn({ state, from, reason, error }, `sandbox ${state}`);
     else this.log.info({ state, from, ...(reason ? { reason } : {}), ...(ctx.sleepReason && state !== 'running' ? { sleepReason: ctx.sleepReason } : {}) }, `sandbox ${state}`);
     const record = encode(this.info);
@@ -287,62 +292,17 @@ export class SandboxHost {
   private async handle(req: Request): Promise<unknown> {
     const verb = parseSandboxSubject(req.subject)?.verb ?? '';
     if (!isSandboxVerb(verb)) throw new ProtocolError('UNKNOWN_VERB', `unknown sandbox verb '${verb}'`);
-    if (NEEDS_RUNNING.has(verb) && isAsleep(this.state)) await this.awake(verb);
+    const row = SandboxVerbTable[verb];
+    if (row.wakes && isAsleep(this.state)) await this.awake(verb);
     if (!allows(this.state, verb)) {
       throw new ProtocolError('INVALID_STATE', `sandbox ${this.id} is ${this.state}: '${verb}' is not allowed`, { detail: { state: this.state } });
     }
-    if (NEEDS_RUNNING.has(verb)) return this.active(() => this.call(verb, req));
-    return this.call(verb, req);
-  }
-
-  private async call(verb: SandboxVerb, req: Request): Promise<unknown> {
-    switch (verb) {
-      case 'info':
-        return this.info;
-      case 'kill':
-        return this.kill();
-      case 'pause':
-        return this.lifecycle({ type: 'PAUSE', why: validateSandboxRequest('pause', req.body).why });
-      case 'hibernate':
-        return this.lifecycle({ type: 'HIBERNATE', why: validateSandboxRequest('hibernate', req.body).why });
-      case 'resume':
-        return this.lifecycle({ type: 'RESUME' });
-      case 'restore':
-        return this.lifecycle({ type: 'RESTORE' });
-      case 'exec':
-        return this.exec(req);
-      case 'exec.cancel': {
-        const ctl = this.execs.get(validateSandboxRequest('exec.cancel', req.body).execId);
-        ctl?.abort();
-        return { cancelled: ctl !== undefined };
-      }
-      case 'files.read': {
-        const b = validateSandboxRequest('files.read', req.body);
-        return this.deps.backend.files(this.id).read(b.path, b.offset, b.length);
-      }
-      case 'files.write': {
-        const b = validateSandboxRequest('files.write', req.body);
-        const w = { path: b.path, data: b.data, offset: b.offset, mode: b.mode };
-        const write = () => this.deps.backend.files(this.id).write(w.path, w.data, { offset: w.offset, mode: w.mode });
-        const step = validateStep(b);
-        return step ? this.journal().write({ ...step, sandbox: this.id }, w, write) : write();
-      }
-      case 'files.list': {
-        const b = validateSandboxRequest('files.list', req.body);
-        return { entries: await this.deps.backend.files(this.id).list(b.path) };
-      }
-      case 'files.remove': {
-        const b = validateSandboxRequest('files.remove', req.body);
-        await this.deps.backend.files(this.id).remove(b.path, b.recursive === true);
-        return {};
-      }
-      case 'network.set': {
-        const policy = validateSandboxRequest('network.set', req.body).policy ?? {};
-        if (!this.deps.backend.setNetwork) throw new ProtocolError('INVALID_REQUEST', `backend ${this.spec.backend} has no network policies`);
-        await this.deps.backend.setNetwork(this.id, policy);
-        return { policy };
-      }
+    if ('capability' in row && !hasCapability(this.deps.backend, row.capability)) {
+      throw new ProtocolError('INVALID_REQUEST', `backend ${this.spec.backend} cannot '${verb}' (it lacks the ${row.capability} capability)`);
     }
+    const handler = HANDLERS[verb];
+    if (row.wakes) return this.active(() => handler(this, req));
+    return handler(this, req);
   }
 
   /** One exec through this sandbox's start slots (execSlots). */
@@ -357,7 +317,26 @@ export class SandboxHost {
     return started.then(() => exec as Promise<ExecOutcome>);
   }
 
-  private async exec(req: Request): Promise<unknown> {
+  /** @internal the backend, for the verb handlers below. */
+  get backend(): Backend {
+    return this.deps.backend;
+  }
+
+  /** @internal */
+  cancelExec(execId: unknown): boolean {
+    const ctl = typeof execId === 'string' ? this.execs.get(execId) : undefined;
+    ctl?.abort();
+    return ctl !== undefined;
+  }
+
+  /** @internal a files.write, through the command log when it carries a rollout step. */
+  writeFile(body: { rolloutId?: string; step?: number }, w: { path: string; data: Uint8Array; offset?: number; mode?: number }, write: () => Promise<{ size: number }>) {
+    const step = validateStep(body);
+    return step ? this.journal().write({ ...step, sandbox: this.id }, w, write) : write();
+  }
+
+  /** @internal */
+  async exec(req: Request): Promise<unknown> {
     const r = validateExec(req.body, { maxOutputBytes: this.deps.maxOutputBytes });
     const ctl = new AbortController();
     const execId = r.execId ?? `x${Math.random().toString(36).slice(2)}`;
@@ -399,8 +378,57 @@ export class SandboxHost {
   }
 }
 
-/** Verbs that run something in the sandbox: they wake it (or fail) and count as activity. */
-const NEEDS_RUNNING: ReadonlySet<SandboxVerb> = new Set(['exec', 'files.read', 'files.write', 'files.list', 'files.remove']);
+/**
+ * What each verb of the table (protocol/verbs.ts) does once the host has let it through: its
+ * state, wake-up and capability are checked before, from the table's row.
+ */
+const HANDLERS: Record<SandboxVerb, (h: SandboxHost, req: Request) => Promise<unknown>> = {
+  info: async (h) => h.info,
+  kill: (h) => h.kill(),
+  pause: (h, req) => h.lifecycle({ type: 'PAUSE', why: validateSandboxRequest('pause', req.body).why }),
+  hibernate: (h, req) => h.lifecycle({ type: 'HIBERNATE', why: validateSandboxRequest('hibernate', req.body).why }),
+  resume: (h) => h.lifecycle({ type: 'RESUME' }),
+  restore: (h) => h.lifecycle({ type: 'RESTORE' }),
+  exec: (h, req) => h.exec(req),
+  'exec.cancel': async (h, req) => ({ cancelled: h.cancelExec(validateSandboxRequest('exec.cancel', req.body).execId) }),
+  'files.read': async (h, req) => {
+    const b = validateSandboxRequest('files.read', req.body);
+    return h.backend.files(h.id).read(b.path, b.offset, b.length);
+  },
+  'files.write': async (h, req) => {
+    const b = validateSandboxRequest('files.write', req.body);
+    const w = { path: b.path, data: b.data, offset: b.offset, mode: b.mode };
+    return h.writeFile(b, w, () => h.backend.files(h.id).write(w.path, w.data, { offset: w.offset, mode: w.mode }));
+  },
+  'files.list': async (h, req) => {
+    const b = validateSandboxRequest('files.list', req.body);
+    return { entries: await h.backend.files(h.id).list(b.path) };
+  },
+  'files.remove': async (h, req) => {
+    const b = validateSandboxRequest('files.remove', req.body);
+    await h.backend.files(h.id).remove(b.path, b.recursive === true);
+    return {};
+  },
+  'network.set': async (h, req) => {
+    const policy = validateSandboxRequest('network.set', req.body).policy ?? {};
+    await h.backend.setNetwork?.(h.id, policy);
+    return { policy };
+  },
+  stats: async (h) => (await h.backend.stats?.(h.id)) ?? {},
+};
+
+function hasCapability(b: Backend, cap: Capability): boolean {
+  switch (cap) {
+    case 'network':
+      return typeof b.setNetwork === 'function';
+    case 'stats':
+      return typeof b.stats === 'function';
+    case 'snapshot':
+      return canSnapshot(b);
+    case 'display':
+      return hasDisplay(b);
+  }
+}
 /** States a lifecycle step ends in (the transient ones are on the way). */
 const SETTLED: readonly SandboxState[] = ['running', 'paused', 'hibernated', 'stopped', 'failed'];
 

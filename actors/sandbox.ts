@@ -22,7 +22,7 @@
  */
 import { assign, fromPromise, setup } from 'xstate';
 import type { EndReason, IdleAction, SandboxState, SandboxVerb, WireError } from '../protocol/index.ts';
-import { toWireError } from '../protocol/index.ts';
+import { toWireError, verbAllowed } from '../protocol/index.ts';
 
 export interface SandboxInput {
   id: string;
@@ -245,25 +245,9 @@ export function publicState(value: unknown): SandboxState {
   throw new Error(`unexpected sandbox state ${JSON.stringify(value)}`);
 }
 
-/** Which verbs each state answers directly; anything else gets INVALID_STATE. Pure, for the binding. */
-const ALL: readonly SandboxVerb[] = ['info', 'exec', 'exec.cancel', 'files.read', 'files.write', 'files.list', 'files.remove', 'kill', 'pause', 'resume', 'hibernate', 'restore', 'network.set'];
-const ASLEEP: readonly SandboxVerb[] = ['info', 'kill', 'exec.cancel', 'pause', 'resume', 'hibernate', 'restore', 'network.set'];
-const ALLOWED: Record<SandboxState, ReadonlySet<SandboxVerb>> = {
-  creating: new Set(['info', 'kill']),
-  running: new Set(ALL),
-  pausing: new Set(ASLEEP),
-  paused: new Set(ASLEEP),
-  resuming: new Set(ASLEEP),
-  hibernating: new Set(ASLEEP),
-  hibernated: new Set(ASLEEP),
-  restoring: new Set(ASLEEP),
-  stopping: new Set(['info', 'kill', 'exec.cancel']),
-  stopped: new Set(['info', 'kill']),
-  failed: new Set(['info', 'kill']),
-};
-
+/** Which verbs each state answers directly (the verb table, protocol/verbs.ts); anything else gets INVALID_STATE. */
 export function allows(state: SandboxState, verb: SandboxVerb): boolean {
-  return ALLOWED[state].has(verb);
+  return verbAllowed(state, verb);
 }
 
 /** States in which the sandbox's processes are frozen or on their way there or back. */

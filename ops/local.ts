@@ -1,13 +1,13 @@
 /**
  * A Paddock on this host: an embedded nats-server and node processes, each node in its own
- * mount namespace (see runtime/launch.ts). Used by `paddock up`, the tests and the benchmarks.
+ * mount namespace (see launch.ts). Used by `paddock up`, the tests and the benchmarks.
  */
 import { type ChildProcess, spawn } from 'node:child_process';
 import type { Writable } from 'node:stream';
 import { mkdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import { logsDir } from '../protocol/discovery.ts';
-import { nodeCommand } from '../runtime/launch.ts';
+import { nodeCommand } from './launch.ts';
 import { rotatingLog } from './logfile.ts';
 import { type EmbeddedNats, startNats } from './nats.ts';
 

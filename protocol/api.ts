@@ -173,6 +173,17 @@ export const Operations: Operation[] = [
     retry: 'INVALID_STATE when already running; BACKEND_FAILED: retry',
   },
   {
+    subject: 'pdk.v1.sb.<id>.stats',
+    kind: 'request',
+    request: 'Empty',
+    reply: 'SandboxStats',
+    replyNote: 'what its backend can tell; fields it cannot are absent',
+    errors: sbErrors,
+    limits: '',
+    timeout: '10 s',
+    retry: 'safe to retry',
+  },
+  {
     subject: 'pdk.v1.sb.<id>.kill',
     kind: 'request',
     request: 'KillRequest',

@@ -9,6 +9,7 @@ export { domainAllowed, formatIPv4, isOpen, maskOf, NetworkLimits, parseIPv4, pa
 export type { AllowRule, ParsedPolicy } from './network.ts';
 export type {
   BackendKind,
+  BackendOffer,
   CreateReply,
   CreateRequest,
   EndReason,
@@ -59,6 +60,7 @@ export type {
   SandboxInfo,
   SandboxSpec,
   SandboxState,
+  SandboxStats,
 } from './messages.ts';
 export { Buckets, FN_QUEUE, isSandboxVerb, RolloutVerbs, isToken, NodeVerbs, PLACEMENT_QUEUE, PREFIX, parseGroupSubject, parseSandboxSubject, SandboxVerbs, Streams, subjects } from './subjects.ts';
 export type { NodeVerb, RolloutVerb, SandboxVerb } from './subjects.ts';
@@ -70,3 +72,5 @@ export type { FnInvoke } from './validate.ts';
 export { newRolloutId, newSandboxId } from './ids.ts';
 export { Operations, protocolJsonSchema, protocolTable } from './api.ts';
 export type { Operation } from './api.ts';
+export { Capabilities, SandboxVerbTable, verbAllowed, verbRow } from './verbs.ts';
+export type { Capability, VerbRow } from './verbs.ts';

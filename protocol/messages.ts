@@ -66,6 +66,7 @@ export type {
   SandboxInfo,
   SandboxSpec,
   SandboxState,
+  SandboxStats,
 } from './schema.ts';
 
 /** How a node loads layers: on first read from the store (lazy), or whole before mounting (eager). */
@@ -134,6 +135,8 @@ export interface NodeRecord {
   heartbeatMs: number;
   ts: number;
   state: 'serving' | 'draining';
+  /** Per backend kind this node offers: its own capacity pool and what is allocated from it. `capacity` and `allocated` above are their sums. */
+  offers?: Partial<Record<BackendKind, BackendOffer>>;
   /** The layer store this node reads from (and, when it embeds it, serves): an http:// base URL. */
   store?: string;
   /** The node's PADDOCK_HOME on its host (its logs are in `<home>/logs/`): how the CLI finds a running Paddock. */
@@ -143,6 +146,12 @@ export interface NodeRecord {
   /** FnCall on this node: the languages it has images for, and its load. */
   fn?: { languages: FnLanguage[]; running: number; queued: number };
 }
+
+export interface BackendOffer {
+  capacity: Resources;
+  allocated: Resources;
+}
+
 
 export interface Resources {
   cpu: number;

@@ -17,7 +17,8 @@ const literals = <T extends string>(values: readonly T[], opts: Record<string, u
 
 // ─── Names and enums ────────────────────────────────────────────────────────────────────────────
 
-export const Backends = ['container', 'fncall', 'microvm', 'fullvm'] as const;
+/** Sandbox backends. FnCall is a service (`pdk.v1.fn.invoke`), not a kind of sandbox. */
+export const Backends = ['container', 'microvm', 'fullvm', 'sim'] as const;
 export type BackendKind = (typeof Backends)[number];
 
 /** Lifecycle states of a sandbox, as published in events and the directory. */
@@ -475,7 +476,20 @@ export const FnInvokeResult = Type.Object(
 export type FnInvokeResult = Static<typeof FnInvokeResult>;
 
 /** Every named schema, for the JSON Schema document (`$ref`s resolve among these). */
+/** What a sandbox uses now, as far as its backend can tell (the `stats` verb): each field only when known. */
+export const SandboxStats = Type.Object(
+  {
+    cpuSec: Type.Optional(Type.Number({ description: 'CPU time used, seconds' })),
+    memoryBytes: Type.Optional(Type.Number()),
+    diskBytes: Type.Optional(Type.Number({ description: 'bytes in its writable layer' })),
+    pids: Type.Optional(Type.Integer()),
+  },
+  { $id: 'SandboxStats' },
+);
+export type SandboxStats = Static<typeof SandboxStats>;
+
 export const NamedSchemas: Record<string, TSchema> = {
+  SandboxStats,
   WireError: WireErrorSchema,
   NetworkPolicy,
   SandboxSpec,

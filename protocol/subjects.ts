@@ -25,16 +25,14 @@ export const Streams = {
   chronus: 'PDK_CHRONUS',
 } as const;
 
-/** Verbs a sandbox actor answers on `pdk.v1.sb.<id>.<verb>`. */
-export const SandboxVerbs = ['info', 'exec', 'exec.cancel', 'files.read', 'files.write', 'files.list', 'files.remove', 'kill', 'pause', 'resume', 'hibernate', 'restore', 'network.set'] as const;
-export type SandboxVerb = (typeof SandboxVerbs)[number];
+import type { SandboxVerb } from './verbs.ts';
 
-export function isSandboxVerb(v: string): v is SandboxVerb {
-  return (SandboxVerbs as readonly string[]).includes(v);
-}
+/** Verbs a sandbox actor answers on `pdk.v1.sb.<id>.<verb>`: the rows of the verb table (verbs.ts). */
+export { isSandboxVerb, SandboxVerbs } from './verbs.ts';
+export type { SandboxVerb } from './verbs.ts';
 
 /** Verbs a node supervisor answers on `pdk.v1.node.<node>.<verb>`. */
-export const NodeVerbs = ['create', 'info', 'group'] as const;
+export const NodeVerbs = ['create', 'info', 'group', 'drain', 'undrain'] as const;
 export type NodeVerb = (typeof NodeVerbs)[number];
 
 /** Calls on the command log (`pdk.v1.rollouts.<verb>`), answered by placement replicas. */
@@ -56,6 +54,8 @@ export const subjects = {
   /** FnCall: one-shot invocations, answered by any node (queue group FN_QUEUE). */
   fnInvoke: `${PREFIX}.fn.invoke`,
   node: (node: string, verb: NodeVerb) => `${PREFIX}.node.${node}.${verb}`,
+  /** Every node answers here with its record: `node list` without reading the KV bucket. */
+  nodeList: `${PREFIX}.nodes.list`,
   sandbox: (id: string, verb: SandboxVerb) => `${PREFIX}.sb.${id}.${verb}`,
   /** Everything addressed to one sandbox; its actor subscribes here. */
   sandboxAll: (id: string) => `${PREFIX}.sb.${id}.>`,

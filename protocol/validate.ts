@@ -330,6 +330,7 @@ export const SandboxRequests = {
   hibernate: LifecycleRequest,
   restore: Empty,
   'network.set': NetworkSetRequest,
+  stats: Empty,
 } as const satisfies Record<SandboxVerb, TSchema>;
 
 /** A sandbox verb's request, checked against its schema (exec has its own: validateExec). */

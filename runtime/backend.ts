@@ -1,11 +1,13 @@
 /**
- * The one interface every kind of sandbox implements. The sandbox actor calls it; the node picks
- * the implementation by `spec.backend`. A new backend is a new folder under runtime/ implementing
- * this, nothing else moves.
+ * The one interface every kind of sandbox implements, and the plugin shape a backend folder
+ * exports. The sandbox actor calls a `Backend`; the node opens one per kind it offers through the
+ * registry (backends.ts). A new backend is a new folder under runtime/ that exports a
+ * `BackendPlugin` and passes test/backend-contract.test.ts; nothing else moves.
  */
-import type { BackendKind, ExecVerdict, NetworkPolicy, SandboxSpec } from '../protocol/index.ts';
-import type { RootFiles } from './files.ts';
-import type { ImageManifest } from './images/store.ts';
+import type { BackendKind, ExecVerdict, FileEntry, NetworkPolicy, Resources, SandboxSpec, SandboxStats } from '../protocol/index.ts';
+import type { NodeConfig } from './config.ts';
+import type { NodeImages } from './images/node-images.ts';
+import type { Logger } from 'pino';
 
 export interface ExecOptions {
   cmd: string[];
@@ -36,6 +38,28 @@ export interface ExecOutcome {
 }
 
 /**
+ * The files API of one sandbox, confined to its root. The container backend reaches the root from
+ * the host side (files.ts); a VM backend implements it over its guest agent; the simulated one in
+ * memory. Errors are ProtocolErrors (NOT_FOUND, FORBIDDEN, DISK_LIMIT, …).
+ */
+export interface SandboxFiles {
+  read(path: string, offset?: number, length?: number): Promise<{ data: Uint8Array; size: number; eof: boolean }>;
+  write(path: string, data: Uint8Array, opts?: { offset?: number; mode?: number }): Promise<{ size: number }>;
+  list(path: string): Promise<FileEntry[]>;
+  remove(path: string, recursive: boolean): Promise<void>;
+}
+
+/** What a hibernation gave back to the host. Every field is optional: each backend says what it can. */
+export interface HibernateOutcome {
+  /** Host memory given back. */
+  releasedBytes?: number;
+  /** Part of it went to swap (containers without a snapshot). */
+  swapped?: boolean;
+  /** Bytes of state written to disk to come back from (a VM snapshot). */
+  snapshotBytes?: number;
+}
+
+/**
  * The abort reason a sandbox's host gives the signal of each exec still running when the sandbox
  * is killed: the exec's verdict is then KILLED; any other abort is the caller's (CANCELLED).
  */
@@ -43,26 +67,70 @@ export const EXEC_KILLED = 'killed';
 
 export interface Backend {
   readonly kind: BackendKind;
-  /** All-or-nothing: on failure, whatever was set up is undone before the promise rejects. */
-  create(id: string, spec: SandboxSpec, image: ImageManifest): Promise<void>;
+  /**
+   * All-or-nothing: on failure, whatever was set up is undone before the promise rejects. The
+   * backend resolves the spec's images itself (the plugin's `checkSpec` has seen them exist).
+   */
+  create(id: string, spec: SandboxSpec): Promise<void>;
   exec(id: string, opts: ExecOptions): Promise<ExecOutcome>;
   /** The files API, confined to the sandbox's root. */
-  files(id: string): RootFiles;
+  files(id: string): SandboxFiles;
   /** Freezes every process of the sandbox (state and memory kept). */
   pause(id: string): Promise<void>;
   resume(id: string): Promise<void>;
-  /**
-   * Freezes the sandbox and gives its memory back to the node (page cache; anonymous memory where
-   * the node has swap). On failure it leaves the sandbox running, as it found it.
-   */
-  hibernate(id: string): Promise<{ bytes: number; swapped: boolean }>;
+  /** Frozen and its memory given back to the node. On failure it leaves the sandbox running, as it found it. */
+  hibernate(id: string): Promise<HibernateOutcome>;
   restore(id: string): Promise<void>;
-  /** Changes the sandbox's egress policy while it runs (backends without networking omit it). */
+  /** Changes the sandbox's egress policy while it runs (backends without networking omit it: capability `network`). */
   setNetwork?(id: string, policy: NetworkPolicy): Promise<void>;
+  /** What the sandbox uses now (capability `stats`). */
+  stats?(id: string): Promise<SandboxStats>;
   /** Removes everything the sandbox had: processes, mounts, cgroups, state. Idempotent. */
   destroy(id: string): Promise<void>;
-  /** Finds and removes the leftovers of a previous run of this node (after a crash). */
+  /** Finds and removes the leftovers of a previous run of this node (after a crash); their ids. */
   recover(): Promise<string[]>;
   /** Unmounts shared layers and the like; sandboxes must be destroyed first. */
   close(): Promise<void>;
+}
+
+/** Capability: start new sandboxes from a running one's state (microVM templates). */
+export interface Snapshotting {
+  /** Saves the sandbox's state under a name this backend can restore or fork from. */
+  snapshot(id: string): Promise<{ snapshot: string; bytes: number }>;
+  /** A new sandbox `newId` with the state of `snapshot`. */
+  restoreFrom(snapshot: string, newId: string, spec: SandboxSpec): Promise<void>;
+  /** A new sandbox `newId` that starts as a copy of the running `id`. */
+  fork(id: string, newId: string, spec: SandboxSpec): Promise<void>;
+}
+
+/** Capability: a screen and input devices (full VMs for computer use). */
+export interface Display {
+  screenshot(id: string): Promise<{ png: Uint8Array; width: number; height: number }>;
+  input(id: string, event: { type: 'key'; keys: string[] } | { type: 'move' | 'click'; x: number; y: number; button?: 'left' | 'right' | 'middle' } | { type: 'type'; text: string }): Promise<void>;
+}
+
+export function canSnapshot(b: Backend): b is Backend & Snapshotting {
+  return typeof (b as Partial<Snapshotting>).fork === 'function' && typeof (b as Partial<Snapshotting>).snapshot === 'function';
+}
+
+export function hasDisplay(b: Backend): b is Backend & Display {
+  return typeof (b as Partial<Display>).screenshot === 'function';
+}
+
+/** What a backend's `open` gets from the node. */
+export interface BackendContext {
+  cfg: NodeConfig;
+  images: NodeImages;
+  log: Logger;
+  env: NodeJS.ProcessEnv;
+}
+
+/** What a backend folder exports for the registry. */
+export interface BackendPlugin {
+  readonly kind: BackendKind;
+  /** What this backend may hand out on this host (overcommit included): its admission pool. */
+  capacity(cfg: NodeConfig, env: NodeJS.ProcessEnv, log?: Logger): Resources;
+  /** Checks of its own beyond the protocol's (an image it can run, fields it cannot honour); throws INVALID_SPEC. */
+  checkSpec(spec: SandboxSpec, ctx: BackendContext): Promise<void>;
+  open(ctx: BackendContext): Promise<Backend>;
 }

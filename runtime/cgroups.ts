@@ -1,7 +1,7 @@
 /**
  * Which cgroup layout the host has. Production hosts are mostly pure v2; this development machine
  * is hybrid (v1 controllers plus an empty cgroup2 at /sys/fs/cgroup/unified), which crun refuses —
- * so the node unmounts `unified` inside its own private mount namespace (see node-main.ts).
+ * so the node unmounts `unified` inside its own private mount namespace (see ops/launch.ts).
  */
 import { readFileSync } from 'node:fs';
 import { mkdir, stat } from 'node:fs/promises';

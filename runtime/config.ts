@@ -4,9 +4,9 @@
  */
 import { cpus, hostname, totalmem } from 'node:os';
 import { isAbsolute, join, normalize } from 'node:path';
-import { CHRONUS_ENV_DOC } from '../chronus/config.ts';
 import { positiveEnv } from '../protocol/env.ts';
 import { DEFAULT_HOME } from '../protocol/discovery.ts';
+import { type BackendKind, Backends } from '../protocol/index.ts';
 
 export interface NodeConfig {
   /** Root of everything Paddock keeps on this host. */
@@ -34,6 +34,8 @@ export interface NodeConfig {
   /** Where the sandbox init is compiled, once per host (root-owned: it is every sandbox's pid 1). */
   binDir: string;
   nodeId: string;
+  /** Sandbox backends this node offers (runtime/backends.ts opens them). */
+  backends: BackendKind[];
   natsUrl?: string;
   /** Run a placement replica in this process too. */
   placement: boolean;
@@ -111,6 +113,11 @@ export const ENV_DOC: Record<string, string> = {
   PADDOCK_LAYER_IDLE_MS: 'a layer no sandbox uses is unmounted after this (default 60000)',
   PADDOCK_LAYER_READAHEAD_KB: "the kernel's read-ahead on lazily loaded layers, KiB (default: the kernel's, 128)",
   PADDOCK_NODE_ID: 'node id (default: the host name)',
+  PADDOCK_BACKENDS: 'sandbox backends this node offers, comma-separated: container, sim (default container)',
+  PADDOCK_SIM_CPU: 'sim backend: virtual CPU capacity of the node (default 64)',
+  PADDOCK_SIM_MEMORY_MIB: 'sim backend: virtual memory capacity in MiB (default 262144)',
+  PADDOCK_SIM_SANDBOXES: 'sim backend: simulated sandboxes per node at most (default 10000)',
+  PADDOCK_SIM_LATENCY_MS: 'sim backend: how long each verb takes, e.g. create=15,exec=1,hibernate=20 (default: none)',
   PADDOCK_PLACEMENT: '1 = this node also runs a placement replica (default 1)',
   PADDOCK_CPU_OVERCOMMIT: 'CPU capacity = cores × this (default 16)',
   PADDOCK_MEMORY_OVERCOMMIT: 'memory capacity = RAM × this (default 1.5)',
@@ -130,7 +137,6 @@ export const ENV_DOC: Record<string, string> = {
   PADDOCK_PRESSURE_MIN_AVAILABLE_MIB: 'memory pressure when MemAvailable is under this (default 5% of RAM)',
   PADDOCK_PRESSURE_PSI_AVG10: 'memory pressure when PSI memory some avg10 is over this percent (default 25)',
   PADDOCK_PRESSURE_MIN_IDLE_SEC: 'under pressure, hibernate best-effort sandboxes idle at least this long (default 30)',
-  ...CHRONUS_ENV_DOC,
   PADDOCK_DNS_UPSTREAM: 'host[:port] the DNS filter asks for allowed names (default: the first nameserver of /etc/resolv.conf)',
   PADDOCK_PIN_CPUS: '0 turns CPU pinning off (nproc then shows the node CPUs; the CFS quota still holds)',
   PADDOCK_LXCFS: '0 starts no lxcfs (sandboxes then see the host /proc/meminfo)',
@@ -153,6 +159,15 @@ function layerMode(v: string | undefined): 'lazy' | 'eager' {
   if (v === undefined || v === '' || v === 'lazy') return 'lazy';
   if (v === 'eager') return 'eager';
   throw new Error(`PADDOCK_LAYER_MODE=${v}: must be lazy or eager`);
+}
+
+function backendKinds(v: string | undefined): BackendKind[] {
+  const kinds = (v || 'container').split(',').map((s) => s.trim()).filter(Boolean);
+  for (const k of kinds) {
+    if (!(Backends as readonly string[]).includes(k)) throw new Error(`PADDOCK_BACKENDS=${v}: unknown backend '${k}' (known: ${Backends.join(', ')})`);
+  }
+  if (kinds.length === 0) throw new Error(`PADDOCK_BACKENDS=${v}: name at least one backend`);
+  return [...new Set(kinds)] as BackendKind[];
 }
 
 export function sanitizeId(s: string): string {
@@ -189,6 +204,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): NodeConfig {
     nodeDir: join(home, 'nodes', nodeId),
     binDir: binDir(env.PADDOCK_BIN_DIR || '/var/cache/paddock/bin'),
     nodeId,
+    backends: backendKinds(env.PADDOCK_BACKENDS),
     natsUrl: env.NATS_URL || undefined,
     placement: (env.PADDOCK_PLACEMENT ?? '1') !== '0',
     overcommit: { cpu: numEnv(env, 'PADDOCK_CPU_OVERCOMMIT', 16), memory: numEnv(env, 'PADDOCK_MEMORY_OVERCOMMIT', 1.5) },
@@ -205,19 +221,19 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): NodeConfig {
       enabled: (env.PADDOCK_FN ?? '1') !== '0',
       pool: parsePool(env.PADDOCK_FN_POOL || 'python=2,c=1'),
       prewarm: (env.PADDOCK_FN_POOL ?? '') !== '',
-      queue: numEnv(env, 'PADDOCK_FN_QUEUE', 64),
-      maxMembers: numEnv(env, 'PADDOCK_FN_MAX_MEMBERS', Math.max(2, cpus().length)),
-      diskMiB: numEnv(env, 'PADDOCK_FN_DISK_MIB', 256),
-      pidsLimit: numEnv(env, 'PADDOCK_FN_PIDS', 128),
+      queue: positiveEnv(env, 'PADDOCK_FN_QUEUE', 64),
+      maxMembers: positiveEnv(env, 'PADDOCK_FN_MAX_MEMBERS', Math.max(2, cpus().length)),
+      diskMiB: positiveEnv(env, 'PADDOCK_FN_DISK_MIB', 256),
+      pidsLimit: positiveEnv(env, 'PADDOCK_FN_PIDS', 128),
       runnerDir: env.PADDOCK_FN_RUNNER_DIR || '/var/cache/paddock/fncall',
       buildImages: (env.PADDOCK_FN_BUILD ?? '1') !== '0',
       imagesFrom: (env.PADDOCK_FN_IMAGES_FROM ?? join(DEFAULT_HOME, 'images')).split(',').filter(Boolean),
     },
     pressure: {
-      minAvailableMiB: numEnv(env, 'PADDOCK_PRESSURE_MIN_AVAILABLE_MIB', Math.floor(totalmem() / 1024 / 1024 / 20)),
-      psiAvg10: numEnv(env, 'PADDOCK_PRESSURE_PSI_AVG10', 25),
-      minIdleMs: numEnv(env, 'PADDOCK_PRESSURE_MIN_IDLE_SEC', 30) * 1000,
-      intervalMs: numEnv(env, 'PADDOCK_PRESSURE_INTERVAL_MS', 1000),
+      minAvailableMiB: positiveEnv(env, 'PADDOCK_PRESSURE_MIN_AVAILABLE_MIB', Math.floor(totalmem() / 1024 / 1024 / 20)),
+      psiAvg10: positiveEnv(env, 'PADDOCK_PRESSURE_PSI_AVG10', 25),
+      minIdleMs: positiveEnv(env, 'PADDOCK_PRESSURE_MIN_IDLE_SEC', 30) * 1000,
+      intervalMs: positiveEnv(env, 'PADDOCK_PRESSURE_INTERVAL_MS', 1000),
     },
     logLevel: env.PADDOCK_LOG_LEVEL || 'info',
   };

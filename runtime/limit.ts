@@ -5,6 +5,11 @@ export class Semaphore {
 
   constructor(private readonly n: number) {}
 
+  /** Holders now, and callers waiting for a turn. */
+  get load(): { active: number; waiting: number } {
+    return { active: this.active, waiting: this.waiting.length };
+  }
+
   async run<T>(fn: () => Promise<T>): Promise<T> {
     if (this.active >= this.n) await new Promise<void>((r) => this.waiting.push(r));
     this.active++;

@@ -42,4 +42,4 @@ export type { NodeInfo, NodeLayer, NodeLayers } from './nodes.ts';
 export type { Sandbox, SandboxFiles, SandboxNetwork } from './sandbox.ts';
 export type { ExecOptions, ExecResult, ExecStreamEvent } from './sandbox.ts';
 export type { CallOptions } from './transport.ts';
-export type { ErrorCode, ExecVerdict, Fault, FileEntry, FnCompareMode, FnLanguage, FnLimits, FnVerdict, GroupReply, NetworkPolicy, SandboxInfo, SandboxSpec, SandboxState } from '../protocol/index.ts';
+export type { ErrorCode, ExecVerdict, Fault, FileEntry, FnCompareMode, FnLanguage, FnLimits, FnVerdict, GroupReply, NetworkPolicy, SandboxInfo, SandboxSpec, SandboxState, SandboxStats } from '../protocol/index.ts';

@@ -1,6 +1,6 @@
 /** The nodes of a Paddock: their heartbeat records and what each reports about itself. */
 import { type KV, Kvm } from '@nats-io/kv';
-import { Buckets, type LayerStats, type NodeLayerStats, type NodeRecord, ProtocolError, scanKv, subjects } from '../protocol/index.ts';
+import { type BackendKind, Buckets, decode, type LayerStats, type NodeLayerStats, type NodeRecord, ProtocolError, scanKv, subjects } from '../protocol/index.ts';
 import { errorFromWire } from './errors.ts';
 import type { CallOptions, Transport } from './transport.ts';
 
@@ -39,5 +39,20 @@ export class Nodes {
   /** What a node reports about itself, with its layer cache counters. */
   info(node: string, opts?: CallOptions): Promise<NodeInfo> {
     return this.t.request<NodeInfo>(subjects.node(node, 'info'), {}, opts);
+  }
+
+  /** The node table as a placement replica has it (`pdk.v1.nodes.list`), optionally filtered. */
+  async query(filter: { state?: 'serving' | 'draining'; backend?: BackendKind } = {}, opts?: CallOptions): Promise<NodeRecord[]> {
+    return (await this.t.request<{ nodes: NodeRecord[] }>(subjects.nodeList, filter, opts)).nodes;
+  }
+
+  /** Stops new sandboxes from landing on `node`; the ones it has keep running. Its record after. */
+  drain(node: string, opts?: CallOptions): Promise<NodeRecord> {
+    return this.t.request<NodeRecord>(subjects.node(node, 'drain'), {}, opts);
+  }
+
+  /** Lets a drained node take new sandboxes again. */
+  undrain(node: string, opts?: CallOptions): Promise<NodeRecord> {
+    return this.t.request<NodeRecord>(subjects.node(node, 'undrain'), {}, opts);
   }
 }

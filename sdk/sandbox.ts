@@ -13,7 +13,9 @@ import {
   Limits,
   type Reply,
   type SandboxInfo,
+  type SandboxStats,
   type SandboxVerb,
+  SandboxVerbTable,
   subjects,
 } from '../protocol/index.ts';
 import { traceHeaders } from '../protocol/trace.ts';
@@ -111,6 +113,10 @@ export class Sandbox {
 
   /** @internal */
   call<T>(verb: SandboxVerb, body: unknown, opts: CallOptions = {}): Promise<T> {
+    // An ended sandbox answers nothing (its actor is gone): the verb table says which verbs still
+    // mean anything there, and the directory says how it ended without a request that cannot succeed.
+    const st = this.info.state;
+    if ((st === 'stopped' || st === 'failed') && !SandboxVerbTable[verb].states.includes(st)) return this.gone();
     return this.t.request<T>(subjects.sandbox(this.id, verb), body, opts, () => this.gone());
   }
 
@@ -233,6 +239,11 @@ export class Sandbox {
   async restore(opts?: CallOptions): Promise<SandboxInfo> {
     this.info = await this.call<SandboxInfo>('restore', {}, opts);
     return this.info;
+  }
+
+  /** What the sandbox uses now (CPU seconds, memory, disk, processes), as far as its backend can tell. */
+  stats(opts?: CallOptions): Promise<SandboxStats> {
+    return this.call<SandboxStats>('stats', {}, opts);
   }
 
   /** Kills the sandbox and waits until it is gone. Killing a sandbox that already ended is a no-op. */

@@ -5,7 +5,7 @@ import { admissionState, nodeMachine, pickVictims, refusal, underPressure } from
 import { judge } from '../runtime/pressure.ts';
 import { isLive, type PlacementContext, rank } from '../actors/placement.ts';
 import { allows, publicState, sandboxMachine } from '../actors/sandbox.ts';
-import { type NodeRecord, validateSpec } from '../protocol/index.ts';
+import { type NodeRecord, SandboxVerbs, SandboxVerbTable, validateSpec } from '../protocol/index.ts';
 
 function deferred() {
   let resolve!: () => void;
@@ -135,21 +135,70 @@ test('sandbox: verbs allowed per state', (t) => {
 });
 
 test('node: admits within capacity, refuses beyond, releases', (t) => {
-  const a = createActor(nodeMachine, { input: { capacity: { cpu: 2, memoryMiB: 1000, sandboxes: 3 } } }).start();
+  const a = createActor(nodeMachine, { input: { pools: { container: { cpu: 2, memoryMiB: 1000, sandboxes: 3 } } } }).start();
   const need = { cpu: 1, memoryMiB: 400, sandboxes: 1 };
-  t.true(a.getSnapshot().can({ type: 'ADMIT', id: 'a', need }));
-  a.send({ type: 'ADMIT', id: 'a', need });
-  a.send({ type: 'ADMIT', id: 'b', need });
+  const admit = (id: string, n = need) => ({ type: 'ADMIT' as const, id, kind: 'container' as const, need: n });
+  t.true(a.getSnapshot().can(admit('a')));
+  a.send(admit('a'));
+  a.send(admit('b'));
   t.deepEqual(a.getSnapshot().context.allocated, { cpu: 2, memoryMiB: 800, sandboxes: 2 });
-  t.false(a.getSnapshot().can({ type: 'ADMIT', id: 'c', need }));
-  t.regex(refusal(a.getSnapshot().context, need) ?? '', /cpu: need 1, free 0 of 2/);
+  t.false(a.getSnapshot().can(admit('c')));
+  t.regex(refusal(a.getSnapshot().context, 'container', need) ?? '', /cpu: need 1, free 0 of 2/);
   // The same id twice is not admitted twice.
-  t.false(a.getSnapshot().can({ type: 'ADMIT', id: 'a', need: { cpu: 0, memoryMiB: 0, sandboxes: 0 } }));
+  t.false(a.getSnapshot().can(admit('a', { cpu: 0, memoryMiB: 0, sandboxes: 0 })));
   a.send({ type: 'RELEASE', id: 'a' });
   a.send({ type: 'RELEASE', id: 'a' });
   t.deepEqual(a.getSnapshot().context.allocated, { cpu: 1, memoryMiB: 400, sandboxes: 1 });
   a.send({ type: 'DRAIN' });
-  t.false(a.getSnapshot().can({ type: 'ADMIT', id: 'd', need }));
+  t.false(a.getSnapshot().can(admit('d')));
+  a.send({ type: 'UNDRAIN' });
+  t.is(admissionState(a.getSnapshot().value), 'serving');
+  t.true(a.getSnapshot().can(admit('d')));
+});
+
+test('node: backend creates run a few at a time; the machine grants each its slot', (t) => {
+  const a = createActor(nodeMachine, { input: { pools: { sim: { cpu: 8, memoryMiB: 8000, sandboxes: 8 } }, createConcurrency: 2 } }).start();
+  const begin = { type: 'CREATE_BEGIN' } as const;
+  a.send(begin);
+  a.send(begin);
+  t.false(a.getSnapshot().can(begin));
+  t.is(a.getSnapshot().context.creates.running, 2);
+  a.send({ type: 'CREATE_END' });
+  t.true(a.getSnapshot().can(begin));
+});
+
+test('node: each backend kind has a pool of its own', (t) => {
+  const a = createActor(nodeMachine, { input: { pools: { container: { cpu: 1, memoryMiB: 1000, sandboxes: 10 }, sim: { cpu: 64, memoryMiB: 100_000, sandboxes: 1000 } } } }).start();
+  const need = { cpu: 1, memoryMiB: 100, sandboxes: 1 };
+  a.send({ type: 'ADMIT', id: 'c1', kind: 'container', need });
+  // The container pool is full; the simulated one is not.
+  t.false(a.getSnapshot().can({ type: 'ADMIT', id: 'c2', kind: 'container', need }));
+  t.true(a.getSnapshot().can({ type: 'ADMIT', id: 's1', kind: 'sim', need }));
+  t.false(a.getSnapshot().can({ type: 'ADMIT', id: 'v1', kind: 'microvm', need }), 'a kind the node does not offer');
+  t.regex(refusal(a.getSnapshot().context, 'microvm', need) ?? '', /offers no 'microvm'/);
+  a.send({ type: 'ADMIT', id: 's1', kind: 'sim', need });
+  const ctx = a.getSnapshot().context;
+  t.deepEqual(ctx.pools.sim?.allocated, { cpu: 1, memoryMiB: 100, sandboxes: 1 });
+  t.deepEqual(ctx.allocated, { cpu: 2, memoryMiB: 200, sandboxes: 2 });
+  t.deepEqual(ctx.capacity, { cpu: 65, memoryMiB: 101_000, sandboxes: 1010 });
+  a.send({ type: 'RELEASE', id: 'c1' });
+  t.deepEqual(a.getSnapshot().context.pools.container?.allocated, { cpu: 0, memoryMiB: 0, sandboxes: 0 });
+});
+
+test('sandbox verbs: one table says where each is answered, what wakes, what needs a capability', (t) => {
+  for (const verb of SandboxVerbs) {
+    const row = SandboxVerbTable[verb];
+    t.true(row.states.length > 0, verb);
+    // A verb that runs something in the sandbox is answered only while it runs.
+    if (row.wakes) t.deepEqual([...row.states], ['running'], verb);
+    t.true(allows('running', verb) || verb === 'info', verb);
+  }
+  t.true(allows('paused', 'network.set'));
+  t.false(allows('paused', 'exec'));
+  t.true(allows('stopping', 'exec.cancel'));
+  t.false(allows('stopped', 'pause'));
+  t.is(SandboxVerbTable['network.set'].capability, 'network');
+  t.is(SandboxVerbTable.stats.capability, 'stats');
 });
 
 function rec(node: string, o: Partial<NodeRecord> = {}): NodeRecord {
@@ -188,6 +237,22 @@ test('placement: ranks live nodes by free share, filters by backend, image and l
   // Creates in flight count against a node before its heartbeat shows them.
   const pending: PlacementContext = { ...ctx, pending: { idle: { cpu: 31, memoryMiB: 0, sandboxes: 1 } } };
   t.deepEqual(rank(pending, spec, now).nodes, ['busy', 'idle']);
+});
+
+test('placement: scores each backend kind by its own pool', (t) => {
+  const now = 1_000_500;
+  const pool = (cpu: number, used: number) => ({ capacity: { cpu, memoryMiB: 64_000, sandboxes: 1000 }, allocated: { cpu: used, memoryMiB: 0, sandboxes: 0 } });
+  const ctx: PlacementContext = {
+    nodes: {
+      // Full of containers, with simulated room to spare.
+      mixed: rec('mixed', { backends: ['container', 'sim'], offers: { container: pool(4, 4), sim: pool(64, 0) } }),
+      plain: rec('plain', { offers: { container: pool(4, 0) } }),
+      sims: rec('sims', { backends: ['sim'], offers: { sim: pool(64, 32) } }),
+    },
+    pending: {},
+  };
+  t.deepEqual(rank(ctx, validateSpec({ cpu: 1 }), now).nodes, ['plain', 'mixed']);
+  t.deepEqual(rank(ctx, validateSpec({ backend: 'sim', cpu: 1 }), now).nodes, ['mixed', 'sims']);
 });
 
 test('sandbox: pause → paused → resume → running; hibernate → hibernated → restore', async (t) => {
@@ -297,7 +362,7 @@ test('node: under pressure the victims are idle best-effort sandboxes, longest i
     30_000,
   );
   t.deepEqual(ids, ['be-oldest', 'be-recent']);
-  const a = createActor(nodeMachine, { input: { capacity: { cpu: 1, memoryMiB: 1, sandboxes: 1 } } }).start();
+  const a = createActor(nodeMachine, { input: { pools: { container: { cpu: 1, memoryMiB: 1, sandboxes: 1 } } } }).start();
   t.false(underPressure(a.getSnapshot().value));
   a.send({ type: 'PRESSURE', reading: 'low' });
   t.true(underPressure(a.getSnapshot().value));

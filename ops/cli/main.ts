@@ -67,7 +67,8 @@ ${Object.entries(env)
 
 async function usageText(): Promise<string> {
   const { ENV_DOC } = await import('../../runtime/config.ts');
-  return usage(ENV_DOC);
+  const { CHRONUS_ENV_DOC } = await import('../../chronus/config.ts');
+  return usage({ ...ENV_DOC, ...CHRONUS_ENV_DOC });
 }
 
 async function main(argv: string[]): Promise<number> {

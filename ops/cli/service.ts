@@ -9,7 +9,7 @@ import { constants } from 'node:os';
 import { join } from 'node:path';
 import { DEFAULT_HOME, logsDir } from '../../protocol/discovery.ts';
 import type { NodeRecord } from '../../protocol/index.ts';
-import { nodeCommand } from '../../runtime/launch.ts';
+import { nodeCommand } from '../launch.ts';
 import { Paddock } from '../../sdk/index.ts';
 import { alive, readUpRecord, UpError, up } from '../up.ts';
 import { type Args, positionals } from './args.ts';

@@ -20,11 +20,11 @@ import { type FileHandle, mkdir, open, readdir, readFile, rm, rmdir, writeFile }
 import { constants as osConstants } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { diskMiBOf, type NetworkPolicy, ProtocolError, type SandboxSpec } from '../../protocol/index.ts';
-import type { Backend, ExecOptions, ExecOutcome } from '../backend.ts';
+import { diskMiBOf, Limits, type NetworkPolicy, ProtocolError, type SandboxSpec, type SandboxStats } from '../../protocol/index.ts';
+import type { Backend, ExecOptions, ExecOutcome, HibernateOutcome } from '../backend.ts';
 import { type CgroupMode, cgroupDir, detectCgroups, favorDynamicCgroups, isMountPoint, v1Hierarchies } from '../cgroups.ts';
 import { sysMount } from '../images/fuse.ts';
-import { NS_MARK } from '../launch.ts';
+import { NS_MARK } from '../namespace.ts';
 import { RootFiles } from '../files.ts';
 import type { LayerManager } from '../images/layers.ts';
 import { BUSYBOX_INIT } from '../images/busybox.ts';
@@ -54,6 +54,8 @@ export interface ContainerBackendOptions {
    */
   binDir: string;
   log?: Logger;
+  /** Resolves a spec's images into the manifest its rootfs is composed of (the node's images). */
+  resolve?: (spec: SandboxSpec) => Promise<ImageManifest>;
 }
 
 export class ContainerBackend implements Backend {
@@ -107,7 +109,7 @@ export class ContainerBackend implements Backend {
     this.egress = new Egress(opts.nodeId);
     opts.layers.beforeUnmount = (m) => this.hardening.forgetLayer(m);
     if (this.cgroupMode === 'hybrid') {
-      throw new Error('cgroups are hybrid: crun needs /sys/fs/cgroup/unified unmounted; start the node through node-main.ts, which does it in a private mount namespace');
+      throw new Error('cgroups are hybrid: crun needs /sys/fs/cgroup/unified unmounted; start the node through ops/node-main.ts, which does it in a private mount namespace');
     }
   }
 
@@ -126,7 +128,7 @@ export class ContainerBackend implements Backend {
   }
 
   async init(): Promise<void> {
-    // Mounts only inside the node's own mount namespace (launch.ts), where they end with the node.
+    // Mounts only inside the node's own mount namespace (ops/launch.ts), where they end with the node.
     if (process.env[NS_MARK]) {
       if (this.cgroupMode !== 'v2' && !this.dynamicCgroups) this.dynamicCgroups = await favorDynamicCgroups(join(this.opts.nodeDir, 'cgroup-favordynmods'));
       // The per-sandbox runtime state (bundles, crun's state, a pid file and a process file per
@@ -168,10 +170,12 @@ export class ContainerBackend implements Backend {
   }
 
   /**
-   * `extra.oci` may amend the OCI config before crun sees it (FnCall: a read-only root, its own
-   * writable mounts, IPC sysctls); everything else about the sandbox stays as for any other.
+   * `extra.image` is the manifest to run (else the spec's images, resolved); `extra.oci` may amend
+   * the OCI config before crun sees it (FnCall: a read-only root, its own writable mounts, IPC
+   * sysctls); everything else about the sandbox stays as for any other.
    */
-  async create(id: string, spec: SandboxSpec, image: ImageManifest, extra?: { oci?: (config: Record<string, unknown>) => void }): Promise<void> {
+  async create(id: string, spec: SandboxSpec, extra?: { image?: ImageManifest; oci?: (config: Record<string, unknown>) => void }): Promise<void> {
+    const image = extra?.image ?? (await this.resolveImage(spec));
     const dir = this.dir(id);
     const rootfs = join(dir, 'rootfs');
     const started = Date.now();
@@ -282,11 +286,17 @@ export class ContainerBackend implements Backend {
     return this.sleeper.thaw(this.cgroupPath(id));
   }
 
-  async hibernate(id: string): Promise<{ bytes: number; swapped: boolean }> {
+  private resolveImage(spec: SandboxSpec): Promise<ImageManifest> {
+    if (!this.opts.resolve) throw new ProtocolError('INTERNAL', 'container backend opened without images');
+    return this.opts.resolve(spec);
+  }
+
+  async hibernate(id: string): Promise<HibernateOutcome> {
     const path = this.cgroupPath(id);
     await this.freezeOrThaw(id);
     try {
-      return await this.sleeper.reclaim(path);
+      const r = await this.sleeper.reclaim(path);
+      return { releasedBytes: r.bytes, swapped: r.swapped };
     } catch (e) {
       await this.sleeper.thaw(path).catch(() => {});
       throw new ProtocolError('BACKEND_FAILED', `hibernate ${id}: ${(e as Error).message}`, { cause: e });
@@ -295,6 +305,27 @@ export class ContainerBackend implements Backend {
 
   restore(id: string): Promise<void> {
     return this.sleeper.thaw(this.cgroupPath(id));
+  }
+
+  /** Memory and CPU from the sandbox's cgroup, processes from its pids controller. */
+  async stats(id: string): Promise<SandboxStats> {
+    if (!this.procs.has(id)) throw new ProtocolError('NOT_FOUND', `sandbox ${id} is not on this node`);
+    const path = this.cgroupPath(id);
+    const read = (ctrl: string, file: string) => readFile(join(cgroupDir(this.cgroupMode, path, ctrl), file), 'utf8').catch(() => undefined);
+    const out: SandboxStats = {};
+    if (this.cgroupMode === 'v2') {
+      const [mem, cpu, pids] = await Promise.all([read('', 'memory.current'), read('', 'cpu.stat'), read('', 'pids.current')]);
+      if (mem) out.memoryBytes = Number(mem);
+      const usec = cpu ? /^usage_usec (\d+)$/m.exec(cpu)?.[1] : undefined;
+      if (usec) out.cpuSec = Number(usec) / 1e6;
+      if (pids) out.pids = Number(pids);
+    } else {
+      const [mem, cpu, pids] = await Promise.all([read('memory', 'memory.usage_in_bytes'), read('cpuacct', 'cpuacct.usage'), read('pids', 'pids.current')]);
+      if (mem) out.memoryBytes = Number(mem);
+      if (cpu) out.cpuSec = Number(cpu) / 1e9;
+      if (pids) out.pids = Number(pids);
+    }
+    return out;
   }
 
   /** Freezes, and thaws again if freezing fails halfway: a sandbox is never left half-frozen. */
@@ -456,7 +487,7 @@ export class ContainerBackend implements Backend {
       await rmdir(d).catch(() => {});
     }
     // On a hybrid host crun still enters each container into the `0::` hierarchy, which inside the
-    // node's namespace is a private tmpfs (launch.ts): a directory and a 4 KiB cgroup.procs file per
+    // node's namespace is a private tmpfs (ops/launch.ts): a directory and a 4 KiB cgroup.procs file per
     // sandbox that crun never removes. Left there, ~30,000 creates fill the 128 MiB tmpfs and every
     // create after fails with ENOSPC. (v1 here means no cgroup2 at `unified`: never a real cgroup.)
     if (this.cgroupMode === 'v1') await rm(join('/sys/fs/cgroup/unified', path), { recursive: true, force: true });

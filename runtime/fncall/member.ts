@@ -165,7 +165,7 @@ export class Member {
     for (const d of ['box', 'work', 'tmp', 'shm']) await mkdir(join(s, d));
     this.fixDirs(true);
     const spec = validateSpec({ image: this.image, cpu: 1, memoryMiB: Limits.fn.memoryMiB.max + MEMORY_HEADROOM_MIB, pidsLimit: this.o.pidsLimit, diskMiB: 16, ttlSec: Limits.ttlSec.max });
-    await this.o.backend.create(this.id, spec, this.manifest, { oci: (c) => this.amend(c) });
+    await this.o.backend.create(this.id, spec, { image: this.manifest, oci: (c) => this.amend(c) });
     this.memoryBytes = spec.memoryMiB * MiB;
     const { crun, root } = this.o.backend.crunState;
     const st = await run(crun, ['--root', root, 'state', this.id]);

@@ -1,15 +1,13 @@
 /**
- * The FnCall backend of a node: answers `pdk.v1.fn.invoke` in the FN_QUEUE queue group (so any
- * node takes any invocation), runs each in a fresh process tree of a warm pool member, compiles
- * when the language needs it, judges tests, and gives the member back to be made fresh again.
+ * The FnCall service of a node: runs each invocation in a fresh process tree of a warm pool
+ * member, compiles when the language needs it, judges tests, and gives the member back to be made
+ * fresh again. actors/fncall-host.ts binds it to `pdk.v1.fn.invoke`.
  */
 import { mkdir, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { Writable } from 'node:stream';
-import type { NatsConnection, Subscription } from '@nats-io/transport-node';
 import type { Logger } from 'pino';
-import { serve } from '../../actors/bind.ts';
-import { FN_QUEUE, type FnInvoke, type FnInvokeResult, type FnLanguage, FnLanguages, type FnRunResult, Limits, ProtocolError, subjects, validateFnInvoke, validateSpec } from '../../protocol/index.ts';
+import { type FnInvoke, type FnInvokeResult, type FnLanguage, FnLanguages, type FnRunResult, Limits, ProtocolError, validateSpec } from '../../protocol/index.ts';
 import { mounts } from '../cgroups.ts';
 import type { FnConfig } from '../config.ts';
 import type { ContainerBackend } from '../container/backend.ts';
@@ -42,14 +40,14 @@ const COPY_ESTIMATE_MS = 30_000;
 
 export class FnService {
   private pools?: Pools;
-  private sub?: Subscription;
   private readonly dir: string;
   private readonly building = new Map<string, FnImageState & { estimateMs: number }>();
   private stopped = false;
   private planned?: Promise<void>;
 
   constructor(
-    private readonly o: { nc: NatsConnection; backend: ContainerBackend; images: NodeImages; cfg: FnConfig; nodeId: string; nodeDir: string; log: Logger },
+    /** `maxPayload`: the largest message the node may publish; bounds a result's output. */
+    private readonly o: { maxPayload: number; backend: ContainerBackend; images: NodeImages; cfg: FnConfig; nodeId: string; nodeDir: string; log: Logger },
   ) {
     this.dir = join(o.nodeDir, 'fncall');
   }
@@ -71,7 +69,6 @@ export class FnService {
     );
     pools.start(this.o.cfg.prewarm);
     this.pools = pools;
-    this.sub = serve(this.o.nc, subjects.fnInvoke, { queue: FN_QUEUE, log: this.o.log, name: 'fn.invoke', maxBytes: Limits.requestBytesMax }, (req) => this.invoke(validateFnInvoke(req.body)));
   }
 
   /**
@@ -307,7 +304,7 @@ export class FnService {
 
   /** Output that still fits one NATS reply with room for the rest of the result. */
   private replyRoom(): number {
-    const max = this.o.nc.info?.max_payload ?? 1024 * 1024;
+    const max = this.o.maxPayload;
     return Math.max(1024, Math.floor(max / 2) - 64 * 1024);
   }
 
@@ -317,7 +314,6 @@ export class FnService {
 
   async stop(): Promise<void> {
     this.stopped = true;
-    this.sub?.unsubscribe();
     await this.pools?.stop();
   }
 }

@@ -5,19 +5,20 @@
  * `setpriv`, `unshare` and `sh` exec in place, so the pid a caller gets is the node's own.
  */
 import { fileURLToPath } from 'node:url';
-import { detectCgroups } from './cgroups.ts';
+import { detectCgroups } from '../runtime/cgroups.ts';
+import { NS_MARK } from '../runtime/namespace.ts';
 
-export const NS_MARK = 'PADDOCK_IN_NS';
+export { NS_MARK };
 
 export function nodeMainPath(): string {
-  // Started from the compiled CLI (dist/runtime/launch.js), the node still runs from its
+  // Started from the compiled CLI (dist/ops/launch.js), the node still runs from its
   // TypeScript sources: its C and Python helpers live beside them, and a process that runs for
   // hours does not mind tsx's second of start-up.
   const compiled = import.meta.url.endsWith('.js');
-  return fileURLToPath(new URL(compiled ? '../../runtime/node-main.ts' : './node-main.ts', import.meta.url));
+  return fileURLToPath(new URL(compiled ? '../../ops/node-main.ts' : './node-main.ts', import.meta.url));
 }
 
-/** The command line that runs a node: `unshare … node --import tsx runtime/node-main.ts`. */
+/** The command line that runs a node: `unshare … node --import tsx ops/node-main.ts`. */
 export function nodeCommand(): { cmd: string; args: string[]; env: Record<string, string> } {
   // crun still writes <cgroupsPath>/cgroup.procs under `unified` once it is unmounted; a private
   // tmpfs there keeps those writes inside the node's namespace instead of on the host's tmpfs.

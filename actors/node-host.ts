@@ -1,0 +1,380 @@
+/**
+ * Binds the node supervisor machine (node.ts) to NATS: creates on `pdk.v1.node.<node>.create`
+ * pass its admission and queue for the backend, group verbs fan out to this node's sandboxes of a
+ * group, `info`, `drain` and `undrain` answer on their subjects, a heartbeat writes the node record
+ * to `pdk_nodes`, and a memory watch hibernates idle best-effort sandboxes under pressure. At start
+ * it marks the directory records a previous run of this node left live as failed.
+ *
+ * Everything it talks to is handed in: the connection, the two KV buckets, the backends, the
+ * images, the command log and the clock. The node process's composition root (ops/node-main.ts)
+ * opens them.
+ */
+import type { KV } from '@nats-io/kv';
+import type { NatsConnection, Subscription } from '@nats-io/transport-node';
+import type { Logger } from 'pino';
+import { type Actor, createActor } from 'xstate';
+import type { StepJournal } from '../chronus/journal.ts';
+import {
+  type BackendKind,
+  type BackendOffer,
+  type CreateReply,
+  diskMiBOf,
+  encode,
+  type GroupVerb,
+  Limits,
+  newSandboxId,
+  type NodeRecord,
+  ProtocolError,
+  type Resources,
+  type SandboxInfo,
+  scanKv,
+  subjects,
+  toWireError,
+  validateCreate,
+  validateNodeGroup,
+} from '../protocol/index.ts';
+import type { BackendSet } from '../runtime/backends.ts';
+import type { NodeConfig } from '../runtime/config.ts';
+import type { NodeImages } from '../runtime/images/node-images.ts';
+import { Semaphore } from '../runtime/limit.ts';
+import { describe, judge, type MemoryReading, readMemory } from '../runtime/pressure.ts';
+import { serve, tracer } from './bind.ts';
+import type { FnHost } from './fncall-host.ts';
+import type { Inspector } from './inspect.ts';
+import { admissionState, nodeMachine, pickVictims, refusal, underPressure } from './node.ts';
+import { SandboxHost } from './sandbox-host.ts';
+
+/** Time as the node sees it: injected so heartbeat and pressure logic can run on a test clock. */
+export interface NodeClock {
+  now(): number;
+  /** Calls `fn` every `ms` until the returned function is called. */
+  every(ms: number, fn: () => void): () => void;
+}
+
+export const realClock: NodeClock = {
+  now: () => Date.now(),
+  every(ms, fn) {
+    const t = setInterval(fn, ms);
+    return () => clearInterval(t);
+  },
+};
+
+export interface NodeHostDeps {
+  nc: NatsConnection;
+  /** `pdk_sandboxes`: sandbox id → SandboxInfo. */
+  directory: KV;
+  /** `pdk_nodes`: node id → NodeRecord (the heartbeat). */
+  nodes: KV;
+  backends: BackendSet;
+  images: NodeImages;
+  journal?: StepJournal;
+  fn?: FnHost;
+  cfg: Pick<NodeConfig, 'nodeId' | 'home' | 'placement' | 'heartbeatMs' | 'pressure' | 'createConcurrency' | 'maxOutputBytes'>;
+  log: Logger;
+  clock?: NodeClock;
+  /** The memory gauge (default: /proc/meminfo and PSI). */
+  readMemory?: () => Promise<MemoryReading>;
+  inspect?: Inspector;
+}
+
+export interface NodeGroupReply {
+  total: number;
+  ok: number;
+  failed: Array<{ id: string; node: string; code: string; message: string }>;
+}
+
+export class NodeHost {
+  private readonly supervisor: Actor<typeof nodeMachine>;
+  private readonly sandboxes = new Map<string, SandboxHost>();
+  private readonly subs: Subscription[] = [];
+  private readonly timers: Array<() => void> = [];
+  /** Creates admitted and waiting for a backend slot (CREATE_BEGIN), first come first served. */
+  private readonly turns: Array<() => void> = [];
+  private readonly clock: NodeClock;
+  /** A watch is running (they must not overlap: each may take a hibernation per victim). */
+  private reclaiming: boolean = false;
+  private imageNames: string[] = [];
+
+  constructor(private readonly deps: NodeHostDeps) {
+    this.clock = deps.clock ?? realClock;
+    const pools: Partial<Record<BackendKind, Resources>> = {};
+    for (const b of deps.backends.all()) pools[b.kind] = b.capacity;
+    this.supervisor = createActor(nodeMachine, { input: { pools, createConcurrency: deps.cfg.createConcurrency }, ...(deps.inspect ? { inspect: deps.inspect } : {}) });
+  }
+
+  get id(): string {
+    return this.deps.cfg.nodeId;
+  }
+
+  get capacity(): Resources {
+    return this.supervisor.getSnapshot().context.capacity;
+  }
+
+  private get log(): Logger {
+    return this.deps.log;
+  }
+
+  async start(): Promise<void> {
+    this.imageNames = await this.deps.images.list();
+    await this.markOrphans();
+    this.supervisor.start();
+    const { nc } = this.deps;
+    const log = this.log;
+    this.subs.push(serve(nc, subjects.node(this.id, 'create'), { log, name: 'node.create', maxBytes: Limits.createBytesMax }, (req) => this.create(req.body)));
+    this.subs.push(serve(nc, subjects.node(this.id, 'group'), { log, name: 'node.group' }, (req) => this.group(req.body)));
+    this.subs.push(serve(nc, subjects.node(this.id, 'info'), { log, name: 'node.info' }, () => this.info()));
+    this.subs.push(serve(nc, subjects.node(this.id, 'drain'), { log, name: 'node.drain' }, () => this.setDraining(true)));
+    this.subs.push(serve(nc, subjects.node(this.id, 'undrain'), { log, name: 'node.undrain' }, () => this.setDraining(false)));
+    await this.beat();
+    this.timers.push(this.clock.every(this.deps.cfg.heartbeatMs, () => void this.beat()));
+    this.timers.push(this.clock.every(this.deps.cfg.pressure.intervalMs, () => void this.watchMemory()));
+  }
+
+  /** Directory records this node left running when it died: they did not survive, say so. */
+  private async markOrphans(): Promise<void> {
+    const { directory, nc } = this.deps;
+    const now = this.clock.now();
+    for (const { key, value: info } of await scanKv<SandboxInfo>(directory)) {
+      if (info.node !== this.id || info.state === 'stopped' || info.state === 'failed') continue;
+      const ended: SandboxInfo = { ...info, state: 'failed', reason: 'node_restarted', endedAt: now, error: { code: 'BACKEND_FAILED', message: `node ${this.id} restarted; the sandbox was lost`, retryable: false } };
+      await directory.put(key, encode(ended));
+      nc.publish(subjects.event(key, 'failed'), encode(ended));
+    }
+  }
+
+  record(): NodeRecord {
+    const snap = this.supervisor.getSnapshot();
+    const ctx = snap.context;
+    const offers: Partial<Record<BackendKind, BackendOffer>> = {};
+    for (const [kind, pool] of Object.entries(ctx.pools) as Array<[BackendKind, { capacity: Resources; allocated: Resources }]>) {
+      offers[kind] = { capacity: pool.capacity, allocated: { ...pool.allocated } };
+    }
+    const fn = this.deps.fn;
+    return {
+      node: this.id,
+      backends: this.deps.backends.kinds,
+      offers,
+      images: this.imageNames,
+      store: this.deps.images.storeUrl,
+      home: this.deps.cfg.home,
+      placement: this.deps.cfg.placement,
+      ...(fn ? { fn: fn.record(this.imageNames) } : {}),
+      capacity: ctx.capacity,
+      allocated: ctx.allocated,
+      sandboxes: this.sandboxes.size,
+      heartbeatMs: this.deps.cfg.heartbeatMs,
+      ts: this.clock.now(),
+      state: admissionState(snap.value) === 'serving' ? 'serving' : 'draining',
+    };
+  }
+
+  private async info() {
+    const mem = process.memoryUsage();
+    return { ...this.record(), ids: [...this.sandboxes.keys()], creates: { running: this.supervisor.getSnapshot().context.creates.running, waiting: this.turns.length }, process: { heapUsedBytes: mem.heapUsed, rssBytes: mem.rss }, layers: await this.deps.images.stats(), ...(this.deps.fn ? { fnPools: this.deps.fn.stats(), fnImages: this.deps.fn.imageStates() } : {}) };
+  }
+
+  private async beat(): Promise<void> {
+    try {
+      // Images built while the node runs become placeable at the next beat.
+      this.imageNames = await this.deps.images.list();
+      await this.deps.nodes.put(this.id, encode(this.record()));
+    } catch (err) {
+      this.log.warn({ err }, 'heartbeat failed');
+    }
+  }
+
+  /** Drain: the sandboxes keep running, no new ones come; the record says so at once, so placement skips the node. */
+  private async setDraining(on: boolean): Promise<NodeRecord> {
+    const st = admissionState(this.supervisor.getSnapshot().value);
+    if (st === 'stopped') throw new ProtocolError('UNAVAILABLE', `node ${this.id} is stopping`);
+    this.supervisor.send({ type: on ? 'DRAIN' : 'UNDRAIN' });
+    if ((st === 'draining') !== on) this.log.info({ sandboxes: this.sandboxes.size }, on ? 'node draining' : 'node serving again');
+    await this.beat();
+    return this.record();
+  }
+
+  private async create(body: unknown): Promise<CreateReply> {
+    const b = validateCreate(body);
+    const spec = b.spec;
+    const open = this.deps.backends.for(spec.backend, this.id);
+    const id = b.id ?? newSandboxId();
+    if (this.sandboxes.has(id)) throw new ProtocolError('INVALID_REQUEST', `sandbox ${id} already exists`);
+
+    const need: Resources = { cpu: spec.cpu, memoryMiB: spec.memoryMiB, sandboxes: 1, pids: spec.pidsLimit, diskMiB: diskMiBOf(spec) };
+    const ctx = this.supervisor.getSnapshot().context;
+    const empty = { ...ctx, pools: { [spec.backend]: { capacity: ctx.pools[spec.backend]?.capacity ?? open.capacity, allocated: { cpu: 0, memoryMiB: 0, sandboxes: 0 } } } };
+    const never = refusal(empty, spec.backend, need);
+    if (never) throw new ProtocolError('NO_CAPACITY', `node ${this.id} can never hold this sandbox: ${never}`);
+    const admit = { type: 'ADMIT' as const, id, kind: spec.backend, need };
+    // Refused before the spec's images are looked up: a trainer's creates past capacity cost the node little.
+    this.admissible(admit);
+    await open.checkSpec(spec);
+    this.admissible(admit);
+    this.supervisor.send(admit);
+
+    const host = new SandboxHost(
+      {
+        nc: this.deps.nc,
+        backend: open.backend,
+        directory: this.deps.directory,
+        nodeId: this.id,
+        log: this.log,
+        maxOutputBytes: this.deps.cfg.maxOutputBytes,
+        maxPayload: this.deps.nc.info?.max_payload ?? 1024 * 1024,
+        journal: this.deps.journal,
+        ...(this.deps.inspect ? { inspect: this.deps.inspect } : {}),
+        onFinal: (h) => {
+          this.sandboxes.delete(h.id);
+          this.supervisor.send({ type: 'RELEASE', id: h.id });
+        },
+      },
+      id,
+      spec,
+    );
+    this.sandboxes.set(id, host);
+    // Creates beyond a few at once only slow each other down (2 cores share mount and crun work):
+    // queueing them keeps the same throughput and gives early callers an early answer.
+    const info = await this.createInTurn(() => host.start());
+    if (info.state === 'failed') {
+      const e = info.error;
+      throw new ProtocolError(e?.code ?? 'BACKEND_FAILED', `create failed: ${e?.message ?? 'unknown error'}`);
+    }
+    return { sandbox: info };
+  }
+
+  /**
+   * Runs a backend create once the machine grants it a slot. A finished create hands its slot
+   * straight to the longest waiting one, so a newcomer cannot overtake the queue.
+   */
+  private async createInTurn<T>(start: () => Promise<T>): Promise<T> {
+    const begin = { type: 'CREATE_BEGIN' } as const;
+    if (this.supervisor.getSnapshot().can(begin)) this.supervisor.send(begin);
+    else await new Promise<void>((r) => this.turns.push(r));
+    try {
+      return await start();
+    } finally {
+      const next = this.turns.shift();
+      if (next) next();
+      else this.supervisor.send({ type: 'CREATE_END' });
+    }
+  }
+
+  /** NO_CAPACITY unless the supervisor would admit this now. */
+  private admissible(admit: { type: 'ADMIT'; id: string; kind: BackendKind; need: Resources }): void {
+    const snap = this.supervisor.getSnapshot();
+    if (admissionState(snap.value) !== 'serving') throw new ProtocolError('NO_CAPACITY', `node ${this.id} is draining`);
+    if (!snap.can(admit)) throw new ProtocolError('NO_CAPACITY', `node ${this.id} is full: ${refusal(snap.context, admit.kind, admit.need) ?? 'refused'}`);
+  }
+
+  /** A sandbox whose init died: it fails at once (reason crashed). */
+  crashed(id: string, why: string): void {
+    this.sandboxes.get(id)?.crashed(why);
+  }
+
+  /** Applies a group verb to this node's sandboxes of `group`, many at once; a summary per sandbox. */
+  private async group(body: unknown): Promise<NodeGroupReply> {
+    const b = validateNodeGroup(body);
+    const verb = b.verb;
+    const members = [...this.sandboxes.values()].filter((h) => h.spec.group === b.group);
+    const failed: NodeGroupReply['failed'] = [];
+    let ok = 0;
+    const limit = new Semaphore(64);
+    await Promise.all(
+      members.map((h) =>
+        limit.run(async () => {
+          try {
+            await applyGroupVerb(h, verb);
+            ok++;
+          } catch (err) {
+            const w = toWireError(err);
+            failed.push({ id: h.id, node: this.id, code: w.code, message: w.message });
+          }
+        }),
+      ),
+    );
+    return { total: members.length, ok, failed };
+  }
+
+  /** One reading of the memory gauge; under pressure, hibernate idle best-effort sandboxes one by one. */
+  private async watchMemory(): Promise<void> {
+    if (this.reclaiming) return;
+    this.reclaiming = true;
+    const read = this.deps.readMemory ?? readMemory;
+    const cfg = this.deps.cfg.pressure;
+    try {
+      let reading = await read();
+      const verdict = judge(reading, cfg);
+      const was = underPressure(this.supervisor.getSnapshot().value);
+      if (verdict === 'pressure' && !was) {
+        this.supervisor.send({ type: 'PRESSURE', reading: describe(reading) });
+        this.log.warn({ memory: reading }, 'memory pressure: hibernating idle best-effort sandboxes');
+      } else if (verdict === 'relieved' && was) {
+        this.supervisor.send({ type: 'RELIEVED' });
+        this.log.info({ memory: reading }, 'memory pressure relieved');
+      }
+      if (!underPressure(this.supervisor.getSnapshot().value)) return;
+      const now = this.clock.now();
+      const victims = pickVictims(
+        [...this.sandboxes.values()].map((h) => ({ id: h.id, qos: h.spec.qos, state: h.state, idleSince: h.idleSince() })),
+        now,
+        cfg.minIdleMs,
+      );
+      for (const id of victims) {
+        const h = this.sandboxes.get(id);
+        if (!h) continue;
+        await tracer.startActiveSpan('node.pressure.hibernate', { attributes: { 'sandbox.id': id, 'node.memory': describe(reading), 'sandbox.idle_ms': now - h.idleSince() } }, async (span) => {
+          try {
+            const info = await h.lifecycle({ type: 'HIBERNATE', why: 'pressure' });
+            this.log.warn({ sandbox: id, idleMs: now - h.idleSince(), released: info.released, memory: reading }, 'hibernated under memory pressure');
+          } catch (err) {
+            this.log.warn({ err, sandbox: id }, 'could not hibernate under pressure');
+          } finally {
+            span.end();
+          }
+        });
+        reading = await read();
+        if (judge(reading, cfg) !== 'pressure') break;
+      }
+    } catch (err) {
+      this.log.warn({ err }, 'memory watch failed');
+    } finally {
+      this.reclaiming = false;
+    }
+  }
+
+  /**
+   * Stops serving and kills every sandbox (nothing is left behind) unless `keepSandboxes`; removes
+   * the node record. What the host was handed (backends, images, log, connection) its owner closes.
+   */
+  async stop(opts: { keepSandboxes?: boolean } = {}): Promise<void> {
+    for (const stop of this.timers.splice(0)) stop();
+    this.supervisor.send({ type: 'DRAIN' });
+    for (const s of this.subs.splice(0)) s.unsubscribe();
+    if (!opts.keepSandboxes) await Promise.allSettled([...this.sandboxes.values()].map((s) => s.kill('killed')));
+    await this.deps.nodes.delete(this.id).catch(() => {});
+    this.supervisor.send({ type: 'STOP' });
+  }
+}
+
+/** A group verb on one sandbox; already being where the verb leads counts as done. */
+async function applyGroupVerb(h: SandboxHost, verb: GroupVerb): Promise<void> {
+  const st = h.state;
+  switch (verb) {
+    case 'kill':
+      await h.kill('killed');
+      return;
+    case 'pause':
+      if (st === 'paused' || st === 'hibernated') return;
+      await h.lifecycle({ type: 'PAUSE', why: 'group' });
+      return;
+    case 'hibernate':
+      if (st === 'hibernated') return;
+      await h.lifecycle({ type: 'HIBERNATE', why: 'group' });
+      return;
+    case 'resume':
+    case 'restore':
+      if (st === 'running') return;
+      await h.lifecycle({ type: st === 'hibernated' ? 'RESTORE' : 'RESUME' });
+      return;
+  }
+}

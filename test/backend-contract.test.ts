@@ -1,0 +1,172 @@
+/**
+ * The backend contract: one set of cases every registered backend passes, through a real node and
+ * real NATS, driven by the SDK as a trainer would. The simulated backend runs always; the container
+ * backend when the tests run as root (they need crun and cgroups). A new backend is done when it
+ * is in `KINDS` and this file passes.
+ *
+ * Commands are those both dialects share: busybox sh in a container, the simulator's small sh
+ * (runtime/sim/script.ts). Where they cannot be the same (making N bytes), `DIALECT` says how.
+ */
+import { readFile } from 'node:fs/promises';
+import test from 'ava';
+import type { BackendKind } from '../protocol/index.ts';
+import { startNode } from '../ops/local.ts';
+import { PaddockError } from '../sdk/index.ts';
+import { SHARED_IMAGES, startTestCluster, stopTestCluster, type ClusterContext } from './helpers/cluster.ts';
+
+const root = process.getuid?.() === 0;
+const KINDS: BackendKind[] = root ? ['sim', 'container'] : ['sim'];
+const BACKENDS = KINDS.join(',');
+
+const DIALECT: Record<string, { bytes: (n: number) => string[] }> = {
+  container: { bytes: (n) => ['sh', '-c', `yes | head -c ${n}`] },
+  sim: { bytes: (n) => ['out', String(n)] },
+};
+
+let c: ClusterContext;
+test.before(async () => {
+  c = await startTestCluster({ env: { PADDOCK_BACKENDS: BACKENDS } });
+});
+test.after.always(() => stopTestCluster(c));
+
+async function code(p: Promise<unknown>): Promise<string> {
+  try {
+    await p;
+  } catch (e) {
+    if (e instanceof PaddockError) return e.code;
+    throw e;
+  }
+  return 'no error';
+}
+
+test('the node offers every backend it was given, each with a pool of its own', async (t) => {
+  const [rec] = await c.pdk.nodes.query();
+  t.truthy(rec);
+  t.deepEqual(new Set(rec?.backends ?? []), new Set(KINDS));
+  for (const k of KINDS) t.true((rec?.offers?.[k]?.capacity.sandboxes ?? 0) > 0, k);
+});
+
+for (const kind of KINDS) {
+  test(`${kind}: create → exec → files → pause/resume → hibernate/restore → kill`, async (t) => {
+    const sb = await c.pdk.sandboxes.create({ backend: kind, labels: { contract: kind } });
+    t.teardown(() => sb.kill().catch(() => {}));
+    t.is(sb.info.state, 'running');
+    t.is(sb.info.backend, kind);
+
+    const r = await sb.exec(['sh', '-c', 'echo hello; echo oops >&2; exit 3']);
+    t.is(r.stdout, 'hello\n');
+    t.is(r.stderr, 'oops\n');
+    t.is(r.exitCode, 3);
+    t.is((await sb.exec(['echo', 'a', 'b'])).stdout, 'a b\n');
+
+    await sb.files.write('/tmp/contract.txt', 'written through files');
+    t.is(await sb.files.readText('/tmp/contract.txt'), 'written through files');
+    t.true((await sb.files.list('/tmp')).some((e) => e.name === 'contract.txt' && e.type === 'file'));
+    // What the files API wrote, exec sees.
+    t.is((await sb.exec(['cat', '/tmp/contract.txt'])).stdout, 'written through files');
+
+    t.is((await sb.pause()).state, 'paused');
+    t.is((await sb.resume()).state, 'running');
+    const h = await sb.hibernate();
+    t.is(h.state, 'hibernated');
+    t.truthy(h.released);
+    t.is((await sb.restore()).state, 'running');
+    t.is(await sb.files.readText('/tmp/contract.txt'), 'written through files', 'files survive hibernation');
+
+    const stats = await sb.stats();
+    t.is(typeof stats.memoryBytes, 'number');
+
+    t.is((await sb.kill()).state, 'stopped');
+  });
+
+  test(`${kind}: an exec on a paused sandbox wakes it`, async (t) => {
+    const sb = await c.pdk.sandboxes.create({ backend: kind });
+    t.teardown(() => sb.kill().catch(() => {}));
+    await sb.pause();
+    t.is((await sb.exec(['echo', 'awake'])).stdout, 'awake\n');
+    t.is((await sb.refresh()).state, 'running');
+  });
+
+  test(`${kind}: timeouts and output caps end an exec with a verdict`, async (t) => {
+    const sb = await c.pdk.sandboxes.create({ backend: kind });
+    t.teardown(() => sb.kill().catch(() => {}));
+    const slow = await sb.exec(['sleep', '30'], { timeoutMs: 300 });
+    t.true(slow.timedOut);
+    t.is(slow.verdict, 'TIMEOUT');
+    const big = await sb.exec(DIALECT[kind]!.bytes(200_000), { maxOutputBytes: 1000 });
+    t.true(big.truncated);
+    t.is(big.verdict, 'OUTPUT_LIMIT');
+    t.is(big.stdout.length, 1000);
+  });
+
+  test(`${kind}: bad input gets a stable code and the sandbox keeps serving`, async (t) => {
+    const sb = await c.pdk.sandboxes.create({ backend: kind });
+    t.teardown(() => sb.kill().catch(() => {}));
+    t.is(await code(sb.call('exec', { cmd: [] })), 'INVALID_REQUEST');
+    t.is(await code(sb.call('files.read', { path: 'relative/path' })), 'INVALID_REQUEST');
+    t.is(await code(sb.files.readText('/no/such/file')), 'NOT_FOUND');
+    t.is(await code(sb.call('files.write', { path: '/tmp/x', data: 'not bytes' })), 'INVALID_REQUEST');
+    t.is(await code(sb.resume()), 'INVALID_STATE');
+    t.is(await code(c.pdk.sandboxes.create({ backend: kind, image: 'no-such-image' })), 'INVALID_SPEC');
+    t.is((await sb.exec(['echo', 'still here'])).stdout, 'still here\n');
+  });
+
+  test(`${kind}: destroy is idempotent`, async (t) => {
+    const sb = await c.pdk.sandboxes.create({ backend: kind });
+    t.is((await sb.kill()).state, 'stopped');
+    t.is((await sb.kill()).state, 'stopped');
+    t.is((await c.pdk.sandboxes.get(sb.id)).info.state, 'stopped');
+  });
+}
+
+test('sim: what the simulated backend cannot honour is refused, not ignored', async (t) => {
+  t.is(await code(c.pdk.sandboxes.create({ backend: 'sim', network: { domains: ['example.com'] } })), 'INVALID_SPEC');
+  const sb = await c.pdk.sandboxes.create({ backend: 'sim' });
+  t.teardown(() => sb.kill().catch(() => {}));
+  t.is(await code(sb.call('network.set', { policy: {} })), 'INVALID_REQUEST');
+});
+
+test('a backend the node does not offer is refused with INVALID_SPEC', async (t) => {
+  t.is(await code(c.pdk.sandboxes.create({ backend: 'microvm' })), 'INVALID_SPEC');
+  t.is(await code(c.pdk.sandboxes.create({ backend: 'fncall' as BackendKind })), 'INVALID_SPEC');
+});
+
+// Serial: ava runs these before the concurrent cases, which the drained node would refuse.
+test.serial('a drained node takes no new sandboxes and keeps its own; undrained it takes them again', async (t) => {
+  const node = c.cluster.nodes[0]!.id;
+  const kept = await c.pdk.sandboxes.create({ backend: 'sim' });
+  const rec = await c.pdk.nodes.drain(node);
+  t.is(rec.state, 'draining');
+  t.deepEqual((await c.pdk.nodes.query({ state: 'draining' })).map((r) => r.node), [node]);
+  t.is(await code(c.pdk.sandboxes.create({ backend: 'sim' })), 'NO_CAPACITY');
+  t.is((await kept.exec(['echo', 'still served'])).stdout, 'still served\n');
+  t.is((await c.pdk.nodes.undrain(node)).state, 'serving');
+  const fresh = await c.pdk.sandboxes.create({ backend: 'sim' });
+  t.is(fresh.info.node, node);
+  await Promise.all([kept.kill(), fresh.kill()]);
+});
+
+test.serial('recovery after a crash: every backend cleans up, the directory says what was lost, the node serves again', async (t) => {
+  const own = await startTestCluster({ env: { PADDOCK_BACKENDS: BACKENDS } });
+  t.teardown(() => stopTestCluster(own));
+  const node = own.cluster.nodes[0]!;
+  const sbs = await Promise.all(KINDS.map((backend) => own.pdk.sandboxes.create({ backend })));
+  node.proc.kill('SIGKILL');
+  await node.exited;
+  const again = await startNode({ natsUrl: own.cluster.url, home: own.home, id: node.id, imagesDir: SHARED_IMAGES, env: { PADDOCK_HEARTBEAT_MS: '500', PADDOCK_BACKENDS: BACKENDS } });
+  own.cluster.nodes[0] = again;
+  // Each backend found its own leftovers and removed them.
+  const line = (await readFile(again.logFile as string, 'utf8')).split('\n').filter((l) => l.includes('removed leftovers')).pop();
+  const removed = (JSON.parse(line ?? '{}') as { sandboxes?: Record<string, string[]> }).sandboxes ?? {};
+  for (const sb of sbs) t.true(removed[sb.info.backend]?.includes(sb.id), `${sb.info.backend} leftovers: ${JSON.stringify(removed)}`);
+  for (const sb of sbs) {
+    const info = (await own.pdk.sandboxes.get(sb.id)).info;
+    t.is(info.state, 'failed', info.backend);
+    t.is(info.reason, 'node_restarted');
+  }
+  for (const backend of KINDS) {
+    const fresh = await own.pdk.sandboxes.create({ backend });
+    t.is((await fresh.exec(['echo', 'back'])).stdout, 'back\n', backend);
+    await fresh.kill();
+  }
+});
