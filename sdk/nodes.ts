@@ -1,6 +1,6 @@
 /** The nodes of a Paddock: their heartbeat records and what each reports about itself. */
 import { type KV, Kvm } from '@nats-io/kv';
-import { type BackendKind, Buckets, decode, type LayerStats, type NodeLayerStats, type NodeRecord, ProtocolError, scanKv, subjects } from '../protocol/index.ts';
+import { type BackendKind, Buckets, type LayerStats, type NodeLayerStats, type NodeRecord, ProtocolError, scanKv, subjects } from '../protocol/index.ts';
 import { errorFromWire } from './errors.ts';
 import type { CallOptions, Transport } from './transport.ts';
 

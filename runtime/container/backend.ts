@@ -20,7 +20,7 @@ import { type FileHandle, mkdir, open, readdir, readFile, rm, rmdir, writeFile }
 import { constants as osConstants } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { diskMiBOf, Limits, type NetworkPolicy, ProtocolError, type SandboxSpec, type SandboxStats } from '../../protocol/index.ts';
+import { diskMiBOf, type NetworkPolicy, ProtocolError, type SandboxSpec, type SandboxStats } from '../../protocol/index.ts';
 import type { Backend, ExecOptions, ExecOutcome, HibernateOutcome } from '../backend.ts';
 import { type CgroupMode, cgroupDir, detectCgroups, favorDynamicCgroups, isMountPoint, v1Hierarchies } from '../cgroups.ts';
 import { sysMount } from '../images/fuse.ts';
