@@ -1,8 +1,9 @@
 /** The entry point: `Paddock.connect()`, then `pdk.sandboxes.create(...)`. */
 import { readFileSync } from 'node:fs';
+import { Kvm } from '@nats-io/kv';
 import { type NatsConnection, connect as natsConnect } from '@nats-io/transport-node';
 import { natsUrlFile } from '../protocol/discovery.ts';
-import { type CreateReply, type GroupReply, type GroupVerb, isToken, type SandboxesListReply, type SandboxInfo, type SandboxSpec, type SandboxState, subjects } from '../protocol/index.ts';
+import { Buckets, type CreateReply, decode, type GroupReply, type GroupVerb, isToken, type SandboxesListReply, type SandboxInfo, type SandboxSpec, type SandboxState, subjects } from '../protocol/index.ts';
 import { InvalidRequestError, NotFoundError, TimeoutError, UnavailableError } from './errors.ts';
 import { Fn } from './fn.ts';
 import { Rollouts } from './rollouts.ts';
@@ -94,6 +95,14 @@ export class Sandboxes {
       return await this.t.request<SandboxInfo>(subjects.sandboxesGet, { id }, opts);
     } catch (err) {
       if (err instanceof NotFoundError) return null;
+      // No placement replica answers (the last node stopped, or none runs one): the directory in
+      // JetStream still knows how the sandbox ended. The same record, read straight from the bucket.
+      if (err instanceof UnavailableError) {
+        const kv = await new Kvm(this.t.nc).open(Buckets.sandboxes).catch(() => null);
+        const e = await kv?.get(id).catch(() => null);
+        if (e?.operation === 'PUT') return decode(e.value) as SandboxInfo;
+        if (kv && e !== undefined) return null;
+      }
       throw err;
     }
   };
