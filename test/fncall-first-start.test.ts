@@ -12,9 +12,14 @@ import { Paddock, PaddockError } from '../sdk/index.ts';
 import { SHARED_IMAGES } from './helpers/cluster.ts';
 import { ensureFnImages } from './helpers/fncall.ts';
 
+test.before(async (t) => {
+  // The images this node copies: built here the first time on a machine (minutes each).
+  t.timeout(20 * 60_000);
+  await ensureFnImages();
+});
+
 test('a fresh node makes its FnCall images in the background; until then fn calls say how long is left', async (t) => {
   t.timeout(600_000);
-  await ensureFnImages();
   const home = await mkdtemp(join(tmpdir(), 'paddock-fn-first-'));
   const cluster = await startLocalCluster({
     home,
