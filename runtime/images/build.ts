@@ -18,7 +18,7 @@
  */
 import { spawn } from 'node:child_process';
 import { existsSync, readFileSync } from 'node:fs';
-import { mkdir, mkdtemp, open, rm } from 'node:fs/promises';
+import { mkdir, mkdtemp, open, readFile, rm } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { ProtocolError } from '../../protocol/index.ts';
 import { run } from '../proc.ts';
@@ -220,6 +220,39 @@ async function fromSource(src: Source, o: { store: ImageStore; scratch: string; 
   return { layers: [await o.store.buildLayer(dir)], dir };
 }
 
+/**
+ * One user of the deb cache at a time, host-wide: two builds of different stores at once (two test
+ * files, or a node's first-start build beside a CLI build) both downloading into one cache made
+ * apt and debootstrap fail on each other's partial files. A lock whose holder is gone is taken over.
+ */
+async function withCacheLock<T>(cache: string, fn: () => Promise<T>): Promise<T> {
+  await mkdir(cache, { recursive: true });
+  const lock = join(cache, '.paddock-build.lock');
+  for (;;) {
+    try {
+      const fh = await open(lock, 'wx');
+      await fh.writeFile(String(process.pid));
+      await fh.close();
+      break;
+    } catch (e) {
+      if ((e as NodeJS.ErrnoException).code !== 'EEXIST') throw e;
+      const holder = Number((await readFile(lock, 'utf8').catch(() => '')).trim());
+      let alive = false;
+      try {
+        if (holder > 0) process.kill(holder, 0);
+        alive = holder > 0;
+      } catch {}
+      if (!alive && holder > 0) await rm(lock, { force: true });
+      else await new Promise((r) => setTimeout(r, 500));
+    }
+  }
+  try {
+    return await fn();
+  } finally {
+    await rm(lock, { force: true });
+  }
+}
+
 /** Builds an image from a spec: one layer per part; returns the stored manifest. */
 export async function buildImage(spec: BuildSpec, o: BuildOptions): Promise<ImageManifest> {
   const progress = new Progress(o.progress ?? process.stderr, spec.name);
@@ -232,7 +265,9 @@ export async function buildImage(spec: BuildSpec, o: BuildOptions): Promise<Imag
     let baseImage: ImageManifest | undefined;
     if ('suite' in spec.base) {
       baseDir = join(scratch, 'base');
-      await debootstrap(baseDir, { ...spec.base, cache, progress });
+      const base = spec.base;
+      const dir = baseDir;
+      await withCacheLock(cache, () => debootstrap(dir, { ...base, cache, progress }));
       progress.show('base: mkfs.erofs', true);
       baseLayers = [await o.store.buildLayer(baseDir)];
     } else {
@@ -246,7 +281,9 @@ export async function buildImage(spec: BuildSpec, o: BuildOptions): Promise<Imag
       if ('packages' in spec.toolkit) {
         if (!baseDir) throw new ProtocolError('INVALID_SPEC', 'toolkit: packages need a base built here (suite) or given as a directory');
         const upper = join(scratch, 'toolkit');
-        await aptLayer(baseDir, upper, spec.toolkit.packages, { cache, progress });
+        const { packages } = spec.toolkit;
+        const dir = baseDir;
+        await withCacheLock(cache, () => aptLayer(dir, upper, packages, { cache, progress }));
         progress.show('toolkit: mkfs.erofs', true);
         toolkitLayers = [await o.store.buildLayer(upper)];
       } else toolkitLayers = (await fromSource(spec.toolkit, { store: o.store, scratch, progress, what: 'toolkit' })).layers;
