@@ -518,18 +518,7 @@ export class ContainerBackend implements Backend {
 
   private async killCgroup(path: string): Promise<void> {
     const ctrl = this.cgroupMode === 'v2' ? '' : 'pids';
-    const procs = await readFile(join(cgroupDir(this.cgroupMode, path, ctrl), 'cgroup.procs'), 'utf8').catch(() => '');
-    for (const p of procs.split('\n')) {
-      const pid = Number.parseInt(p, 10);
-      if (pid > 1) {
-        try {
-          process.kill(pid, 'SIGKILL');
-        } catch {
-          // gone
-        }
-      }
-    }
-    if (procs.trim()) await new Promise((r) => setTimeout(r, 50));
+    if (await killAll(cgroupDir(this.cgroupMode, path, ctrl))) await new Promise((r) => setTimeout(r, 50));
   }
 
   async close(): Promise<void> {
@@ -635,8 +624,8 @@ const ENOMEM = osConstants.errno.ENOMEM;
 /** How long destroy waits for a sandbox's tasks to leave its cgroups (thousands of processes take a moment to die). */
 const DESTROY_WAIT_MS = 30_000;
 
-/** SIGKILLs every task listed in a cgroup directory (cgroup.procs: processes, in any hierarchy). */
-async function killAll(dir: string): Promise<void> {
+/** SIGKILLs every task listed in a cgroup directory (cgroup.procs: processes, in any hierarchy); whether it listed any. */
+async function killAll(dir: string): Promise<boolean> {
   const procs = await readFile(join(dir, 'cgroup.procs'), 'utf8').catch(() => '');
   for (const p of procs.split('\n')) {
     const pid = Number.parseInt(p, 10);
@@ -648,6 +637,7 @@ async function killAll(dir: string): Promise<void> {
       }
     }
   }
+  return procs.trim() !== '';
 }
 
 /** The kernel's CFS bandwidth period of a new cgroup (cpu.cfs_period_us, and cpu.max's second field). */
