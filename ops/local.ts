@@ -60,7 +60,7 @@ export async function startNode(o: StartNodeOptions): Promise<NodeProcess> {
   }
   const exited = new Promise<number>((r) => proc.on('exit', (c, s) => r(c ?? (s ? 128 : 1))));
   let tail = '';
-  await new Promise<void>((resolve, reject) => {
+  const readiness = new Promise<void>((resolve, reject) => {
     const timer = setTimeout(() => reject(new Error(`node ${o.id} not ready after ${o.readyTimeoutMs ?? 120_000} ms: ${tail.slice(-2000)}`)), o.readyTimeoutMs ?? 120_000);
     let ready = false;
     let partial = '';
@@ -88,6 +88,20 @@ export async function startNode(o: StartNodeOptions): Promise<NodeProcess> {
       }
     });
   });
+  try {
+    await readiness;
+  } catch (e) {
+    // A node that never got ready must not outlive the caller: its pipes would keep a test
+    // worker (or `paddock up`) alive with nothing left to wait for.
+    if (proc.exitCode === null && proc.signalCode === null) {
+      proc.kill('SIGTERM');
+      const hard = setTimeout(() => proc.kill('SIGKILL'), 10_000);
+      await exited;
+      clearTimeout(hard);
+    }
+    log?.end();
+    throw e;
+  }
   return {
     id: o.id,
     proc,

@@ -40,7 +40,8 @@ export async function startNats(opts: { dataDir: string; port?: number; logFile?
   });
   proc.once('exit', () => log?.end());
   const exited = new Promise<number>((r) => proc.on('exit', (c) => r(c ?? 1)));
-  const deadline = Date.now() + 10_000;
+  // Seconds, not milliseconds, on a loaded machine: JetStream reads its store before it listens.
+  const deadline = Date.now() + 30_000;
   for (;;) {
     if (proc.exitCode !== null) throw new Error(`nats-server exited: ${stderr.trim()}`);
     const file = (await readdir(portsDir).catch(() => [] as string[])).find((f) => f.includes(`_${proc.pid}.ports`));

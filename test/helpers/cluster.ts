@@ -26,8 +26,15 @@ export async function startTestCluster(opts: { nodes?: number; env?: Record<stri
   // Node ids name cgroups and crun state: unique per cluster, even for two clusters in one file.
   const prefix = `t${process.pid}c${++clusters}n`;
   const cluster = await startLocalCluster({ home, nodes: opts.nodes ?? 1, prefix, imagesDir: SHARED_IMAGES, env: { PADDOCK_HEARTBEAT_MS: '500', ...opts.env } });
-  const pdk = await Paddock.connect({ servers: cluster.url, timeoutMs: 60_000 });
-  return { cluster, pdk, home };
+  try {
+    const pdk = await Paddock.connect({ servers: cluster.url, timeoutMs: 60_000 });
+    return { cluster, pdk, home };
+  } catch (e) {
+    // A before hook that fails never reaches the after hook with a cluster to stop.
+    await cluster.stop();
+    await rm(home, { recursive: true, force: true });
+    throw e;
+  }
 }
 
 export async function stopTestCluster(c: ClusterContext | undefined): Promise<void> {
