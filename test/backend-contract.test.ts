@@ -10,9 +10,8 @@
 import { readFile } from 'node:fs/promises';
 import test from 'ava';
 import type { BackendKind } from '../protocol/index.ts';
-import { startNode } from '../ops/local.ts';
 import { PaddockError } from '../sdk/index.ts';
-import { SHARED_IMAGES, startTestCluster, stopTestCluster, type ClusterContext } from './helpers/cluster.ts';
+import { restartNode, startTestCluster, stopTestCluster, type ClusterContext } from './helpers/cluster.ts';
 
 const root = process.getuid?.() === 0;
 const KINDS: BackendKind[] = root ? ['sim', 'container'] : ['sim'];
@@ -153,7 +152,7 @@ test.serial('recovery after a crash: every backend cleans up, the directory says
   const sbs = await Promise.all(KINDS.map((backend) => own.pdk.sandboxes.create({ backend })));
   node.proc.kill('SIGKILL');
   await node.exited;
-  const again = await startNode({ natsUrl: own.cluster.url, home: own.home, id: node.id, imagesDir: SHARED_IMAGES, env: { PADDOCK_HEARTBEAT_MS: '500', PADDOCK_BACKENDS: BACKENDS } });
+  const again = await restartNode(own, node.id, { PADDOCK_BACKENDS: BACKENDS });
   own.cluster.nodes[0] = again;
   // Each backend found its own leftovers and removed them.
   const line = (await readFile(again.logFile as string, 'utf8')).split('\n').filter((l) => l.includes('removed leftovers')).pop();

@@ -4,10 +4,9 @@
  */
 import { join } from 'node:path';
 import test from 'ava';
-import { startNode } from '../ops/local.ts';
 import { startNats } from '../ops/nats.ts';
 import { UnknownOutcomeError } from '../sdk/index.ts';
-import { SHARED_IMAGES, startTestCluster, stopTestCluster } from './helpers/cluster.ts';
+import { restartNode, startTestCluster, stopTestCluster } from './helpers/cluster.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
@@ -82,7 +81,7 @@ test('a step in flight when its node died is UNKNOWN_OUTCOME, and is never run a
   node.proc.kill('SIGKILL');
   await node.exited;
   // Its node is back (and has cleaned up what it left); the sandbox is lost with it.
-  cluster.nodes[0] = await startNode({ natsUrl: cluster.url, home, id: node.id, imagesDir: SHARED_IMAGES, env: { PADDOCK_HEARTBEAT_MS: '500' } });
+  cluster.nodes[0] = await restartNode({ cluster, home }, node.id);
   await t.throwsAsync(inflight);
 
   // A new sandbox picks up the rollout's log: step 0 replays, step 1 is unknown, step 2 runs.

@@ -2,9 +2,8 @@ import { readFileSync } from 'node:fs';
 import { readdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import test from 'ava';
-import { startNode } from '../ops/local.ts';
 import { run } from '../runtime/proc.ts';
-import { nodeRunPath, SHARED_IMAGES, startTestCluster, stopTestCluster } from './helpers/cluster.ts';
+import { nodeRunPath, restartNode, startTestCluster, stopTestCluster } from './helpers/cluster.ts';
 
 /** Running, not a zombie waiting for the host's init to reap it. */
 const alive = (pid: number) => {
@@ -56,7 +55,7 @@ test('a node killed with SIGKILL cleans up its leftovers when it starts again', 
   t.true(pids.every(alive));
   t.deepEqual(await readdir(join(home, 'nodes', first.id, 'run')), []);
 
-  const again = await startNode({ natsUrl: cluster.url, home, id: first.id, imagesDir: SHARED_IMAGES, env: { PADDOCK_HEARTBEAT_MS: '500' } });
+  const again = await restartNode({ cluster, home }, first.id);
   cluster.nodes[0] = again;
   t.deepEqual(await survivors(pids), []);
   t.is((await run('crun', ['--root', nodeRunPath(home, again, 'crun'), 'list', '-q'])).stdout.trim(), '');

@@ -3,10 +3,10 @@
  * and run. Languages of one image share that image's warm pool (python and bash both run in the
  * `python` image; c and cpp in `gcc`).
  */
-import { open, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { FnLanguage } from '../../protocol/index.ts';
 import { type BuildSpec, buildImage, DEFAULT_ENV, ensurePythonImage, PYTHON_SPEC } from '../images/build.ts';
+import { withHostLock } from '../images/lock.ts';
 import { copyImage, LocalLayerStore } from '../images/remote.ts';
 import type { ImageManifest, ImageStore } from '../images/store.ts';
 
@@ -97,22 +97,9 @@ async function ensureBuilt(store: ImageStore, spec: BuildSpec, progress?: NodeJS
   const have = await store.get(spec.name);
   if (have) return have;
   await store.init();
-  const lock = join(store.root, 'tmp', `${spec.name}.lock`);
-  for (let i = 0; ; i++) {
-    try {
-      await (await open(lock, 'wx')).close();
-      break;
-    } catch {
-      const again = await store.get(spec.name);
-      if (again) return again;
-      // A builder that died leaves its lock: after ten minutes it is stale.
-      if (i > 1200) await rm(lock, { force: true });
-      await new Promise((r) => setTimeout(r, 500));
-    }
-  }
-  try {
-    return (await store.get(spec.name)) ?? (await buildImage(spec, { store, progress }));
-  } finally {
-    await rm(lock, { force: true });
-  }
+  return withHostLock(
+    join(store.root, 'tmp', `${spec.name}.lock`),
+    () => buildImage(spec, { store, progress }),
+    () => store.get(spec.name),
+  );
 }

@@ -18,10 +18,11 @@
  */
 import { spawn } from 'node:child_process';
 import { existsSync, readFileSync } from 'node:fs';
-import { mkdir, mkdtemp, open, readFile, rm } from 'node:fs/promises';
+import { mkdir, mkdtemp, rm } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { ProtocolError } from '../../protocol/index.ts';
 import { run } from '../proc.ts';
+import { withHostLock } from './lock.ts';
 import { IMAGE_NAME, type ImageManifest, type ImageStore, type LayerRef } from './store.ts';
 
 type Source = { image: string } | { dir: string } | { tar: string } | { git: { url: string; ref?: string } };
@@ -223,34 +224,10 @@ async function fromSource(src: Source, o: { store: ImageStore; scratch: string; 
 /**
  * One user of the deb cache at a time, host-wide: two builds of different stores at once (two test
  * files, or a node's first-start build beside a CLI build) both downloading into one cache made
- * apt and debootstrap fail on each other's partial files. A lock whose holder is gone is taken over.
+ * apt and debootstrap fail on each other's partial files.
  */
-async function withCacheLock<T>(cache: string, fn: () => Promise<T>): Promise<T> {
-  await mkdir(cache, { recursive: true });
-  const lock = join(cache, '.paddock-build.lock');
-  for (;;) {
-    try {
-      const fh = await open(lock, 'wx');
-      await fh.writeFile(String(process.pid));
-      await fh.close();
-      break;
-    } catch (e) {
-      if ((e as NodeJS.ErrnoException).code !== 'EEXIST') throw e;
-      const holder = Number((await readFile(lock, 'utf8').catch(() => '')).trim());
-      let alive = false;
-      try {
-        if (holder > 0) process.kill(holder, 0);
-        alive = holder > 0;
-      } catch {}
-      if (!alive && holder > 0) await rm(lock, { force: true });
-      else await new Promise((r) => setTimeout(r, 500));
-    }
-  }
-  try {
-    return await fn();
-  } finally {
-    await rm(lock, { force: true });
-  }
+function withCacheLock<T>(cache: string, fn: () => Promise<T>): Promise<T> {
+  return withHostLock(join(cache, '.paddock-build.lock'), fn);
 }
 
 /** Builds an image from a spec: one layer per part; returns the stored manifest. */
@@ -330,26 +307,11 @@ export const PYTHON_SPEC: BuildSpec = {
 export async function ensurePythonImage(store: ImageStore, o: Omit<BuildOptions, 'store'> = {}): Promise<ImageManifest> {
   const have = await store.get(PYTHON_SPEC.name);
   if (have) return have;
-  // Two builders at once would both download: the second waits on a lock file.
+  // Two builders at once would both download: the second waits for the first's image.
   await store.init();
-  const lock = join(store.root, 'tmp', 'python.lock');
-  for (let i = 0; ; i++) {
-    try {
-      const fh = await open(lock, 'wx');
-      await fh.close();
-      break;
-    } catch {
-      const again = await store.get(PYTHON_SPEC.name);
-      if (again) return again;
-      if (i > 1200) await rm(lock, { force: true });
-      await new Promise((r) => setTimeout(r, 500));
-    }
-  }
-  try {
-    const again = await store.get(PYTHON_SPEC.name);
-    if (again) return again;
-    return await buildImage(PYTHON_SPEC, { ...o, store, parts: true });
-  } finally {
-    await rm(lock, { force: true });
-  }
+  return withHostLock(
+    join(store.root, 'tmp', 'python.lock'),
+    () => buildImage(PYTHON_SPEC, { ...o, store, parts: true }),
+    () => store.get(PYTHON_SPEC.name),
+  );
 }

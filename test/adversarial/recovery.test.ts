@@ -3,9 +3,8 @@ import { execFile } from 'node:child_process';
 import { readdir, readFile } from 'node:fs/promises';
 import { promisify } from 'node:util';
 import test from 'ava';
-import { startNode } from '../../ops/local.ts';
 import { NFT } from '../../runtime/network/egress.ts';
-import { SHARED_IMAGES, startTestCluster, stopTestCluster } from '../helpers/cluster.ts';
+import { restartNode, startTestCluster, stopTestCluster } from '../helpers/cluster.ts';
 
 const sh = promisify(execFile);
 
@@ -44,7 +43,7 @@ test('a node killed with SIGKILL: its next start removes the links, rules and cl
   const restart = async () => {
     if (restarted) return;
     restarted = true;
-    c.cluster.nodes[0] = await startNode({ natsUrl: c.cluster.url, home: c.home, id: first.id, imagesDir: SHARED_IMAGES, env: { PADDOCK_HEARTBEAT_MS: '500' } });
+    c.cluster.nodes[0] = await restartNode(c, first.id);
   };
   t.teardown(restart);
   for (const i of claims) t.true(await linkExists(i), `pdk${i} outlives its node`);

@@ -8,7 +8,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { TestFn } from 'ava';
 import anyTest from 'ava';
-import { type LocalCluster, startLocalCluster } from '../../ops/local.ts';
+import { type LocalCluster, type NodeProcess, startLocalCluster, startNode } from '../../ops/local.ts';
 import { Paddock } from '../../sdk/index.ts';
 
 export const SHARED_IMAGES = join(tmpdir(), 'paddock-test-images');
@@ -63,4 +63,13 @@ export function clusterTest(opts: { nodes?: number; env?: Record<string, string>
     await stopTestCluster(t.context.cluster ? t.context : undefined);
   });
   return test;
+}
+
+/**
+ * Starts node `id` again in a test cluster (after a kill or a stop), as startTestCluster starts
+ * them: the shared image store, a fast heartbeat, and no background FnCall image build, which a
+ * test's later kill would cut short halfway.
+ */
+export function restartNode(c: { cluster: LocalCluster; home: string }, id: string, env: Record<string, string> = {}): Promise<NodeProcess> {
+  return startNode({ natsUrl: c.cluster.url, home: c.home, id, imagesDir: SHARED_IMAGES, env: { PADDOCK_HEARTBEAT_MS: '500', PADDOCK_FN_BUILD: '0', ...env } });
 }
