@@ -2,7 +2,8 @@
 export { decode, decodeRequest, encode } from './codec.ts';
 export { ErrorCodes, isErrorCode, ProtocolError, toWireError } from './errors.ts';
 export type { ErrorCode, Fault, WireError } from './errors.ts';
-export { Backends, EndReasons, ExecVerdicts, FileTypes, FnCompareModes, FnLanguages, FnVerdicts, GroupVerbs, IdleActions, QosClasses, SandboxStates } from './messages.ts';
+// Every message type and enum, as messages.ts (which takes most from the schema) names them.
+export * from './messages.ts';
 /** The TypeBox schema of every message (JSON Schema with static types). */
 export * as Schema from './schema.ts';
 export { domainAllowed, formatIPv4, isOpen, maskOf, NetworkLimits, parseIPv4, parsePolicy, validateNetworkPolicy } from './network.ts';

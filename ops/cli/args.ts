@@ -100,3 +100,12 @@ export function positionals(a: Args, min: number, max: number, what: string): st
   if (a.positionals.length < min || a.positionals.length > max) throw new UsageError(`usage: paddock ${what}`);
   return a.positionals;
 }
+
+/** A subcommand's own flags and words (`paddock fn …`, `paddock image …`); a bad flag is `usage(message)`. */
+export function parseFlags<O extends Options>(args: string[], options: O, usage: (message: string) => Error) {
+  try {
+    return parseArgs({ args, allowPositionals: true, options });
+  } catch (err) {
+    throw usage((err as Error).message);
+  }
+}

@@ -3,9 +3,9 @@
  * images the languages run in (`fn build`; nodes also build them in the background at their
  * first start).
  */
+import { parseFlags } from './args.ts';
 import { readFile } from 'node:fs/promises';
 import { extname } from 'node:path';
-import { parseArgs } from 'node:util';
 import { type FnLanguage, FnLanguages, type FnLimits, Limits } from '../../protocol/index.ts';
 import { loadConfig } from '../../runtime/config.ts';
 import { ensureLanguageImages } from '../../runtime/fncall/languages.ts';
@@ -72,25 +72,19 @@ export function exitStatusOf(r: Pick<FnResult, 'verdict' | 'exitCode'>): number 
 
 export async function fnCommand(argv: string[], io: FnCliIo): Promise<number> {
   const [cmd, ...rest] = argv;
-  const { values, positionals } = (() => {
-    try {
-      return parseArgs({
-        args: rest,
-        allowPositionals: true,
-        options: {
-          language: { type: 'string' },
-          'time-limit': { type: 'string' },
-          'wall-limit': { type: 'string' },
-          memory: { type: 'string' },
-          'output-limit': { type: 'string' },
-          env: { type: 'string', multiple: true },
-          json: { type: 'boolean' },
-        },
-      });
-    } catch (err) {
-      throw new FnUsageError((err as Error).message);
-    }
-  })();
+  const { values, positionals } = parseFlags(
+    rest,
+    {
+      language: { type: 'string' },
+      'time-limit': { type: 'string' },
+      'wall-limit': { type: 'string' },
+      memory: { type: 'string' },
+      'output-limit': { type: 'string' },
+      env: { type: 'string', multiple: true },
+      json: { type: 'boolean' },
+    },
+    (m) => new FnUsageError(m),
+  );
   switch (cmd) {
     case 'build': {
       const cfg = loadConfig();

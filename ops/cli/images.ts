@@ -4,9 +4,9 @@
  * Paddock's (named in its node records), so `image ls` lists what the nodes can use; with no
  * Paddock running, the local one.
  */
+import { parseFlags } from './args.ts';
 import { existsSync, readFileSync, statSync } from 'node:fs';
 import { dirname, resolve } from 'node:path';
-import { parseArgs } from 'node:util';
 import { ErrorCodes, type NodeLayerStats, type NodeRecord, ProtocolError } from '../../protocol/index.ts';
 import { loadConfig } from '../../runtime/config.ts';
 import { type BuildSpec, buildImage, DEFAULT_ENV, ensurePythonImage, parseSpec } from '../../runtime/images/build.ts';
@@ -94,30 +94,24 @@ export async function publish(m: ImageManifest, io: Pick<ImageCliIo, 'connect' |
 /** Runs one `paddock image` command; resolves to the exit status. */
 export async function imageCommand(argv: string[], io: ImageCliIo): Promise<number> {
   const [cmd, ...rest] = argv;
-  const { values, positionals } = (() => {
-    try {
-      return parseArgs({
-        args: rest,
-        allowPositionals: true,
-        options: {
-          name: { type: 'string' },
-          cwd: { type: 'string' },
-          env: { type: 'string', multiple: true },
-          parts: { type: 'boolean' },
-          python: { type: 'boolean' },
-          to: { type: 'string' },
-          from: { type: 'string' },
-          store: { type: 'string' },
-          json: { type: 'boolean' },
-          'grace-ms': { type: 'string' },
-          listen: { type: 'string' },
-          dir: { type: 'string' },
-        },
-      });
-    } catch (err) {
-      throw new ImageUsageError((err as Error).message);
-    }
-  })();
+  const { values, positionals } = parseFlags(
+    rest,
+    {
+      name: { type: 'string' },
+      cwd: { type: 'string' },
+      env: { type: 'string', multiple: true },
+      parts: { type: 'boolean' },
+      python: { type: 'boolean' },
+      to: { type: 'string' },
+      from: { type: 'string' },
+      store: { type: 'string' },
+      json: { type: 'boolean' },
+      'grace-ms': { type: 'string' },
+      listen: { type: 'string' },
+      dir: { type: 'string' },
+    },
+    (m) => new ImageUsageError(m),
+  );
   switch (cmd) {
     case 'build': {
       const store = new ImageStore(localDir());
