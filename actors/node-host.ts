@@ -81,6 +81,8 @@ export interface NodeGroupReply {
   total: number;
   ok: number;
   failed: Array<{ id: string; node: string; code: string; message: string }>;
+  /** hibernate: what this node's sandboxes of the group gave back. */
+  releasedBytes: number;
 }
 
 export class NodeHost {
@@ -278,12 +280,13 @@ export class NodeHost {
     const members = [...this.sandboxes.values()].filter((h) => h.spec.group === b.group);
     const failed: NodeGroupReply['failed'] = [];
     let ok = 0;
+    let releasedBytes = 0;
     const limit = new Semaphore(64);
     await Promise.all(
       members.map((h) =>
         limit.run(async () => {
           try {
-            await applyGroupVerb(h, verb);
+            releasedBytes += await applyGroupVerb(h, verb);
             ok++;
           } catch (err) {
             const w = toWireError(err);
@@ -292,7 +295,7 @@ export class NodeHost {
         }),
       ),
     );
-    return { total: members.length, ok, failed };
+    return { total: members.length, ok, failed, releasedBytes };
   }
 
   /** One reading of the memory gauge; under pressure, hibernate idle best-effort sandboxes one by one. */
@@ -356,25 +359,27 @@ export class NodeHost {
   }
 }
 
-/** A group verb on one sandbox; already being where the verb leads counts as done. */
-async function applyGroupVerb(h: SandboxHost, verb: GroupVerb): Promise<void> {
+/**
+ * A group verb on one sandbox; already being where the verb leads counts as done. The memory a
+ * hibernation gave back (0 for the other verbs, and for a sandbox that was already asleep).
+ */
+async function applyGroupVerb(h: SandboxHost, verb: GroupVerb): Promise<number> {
   const st = h.state;
   switch (verb) {
     case 'kill':
       await h.kill('killed');
-      return;
+      return 0;
     case 'pause':
-      if (st === 'paused' || st === 'hibernated') return;
+      if (st === 'paused' || st === 'hibernated') return 0;
       await h.lifecycle({ type: 'PAUSE', why: 'group' });
-      return;
+      return 0;
     case 'hibernate':
-      if (st === 'hibernated') return;
-      await h.lifecycle({ type: 'HIBERNATE', why: 'group' });
-      return;
+      if (st === 'hibernated') return 0;
+      return (await h.lifecycle({ type: 'HIBERNATE', why: 'group' })).released?.bytes ?? 0;
     case 'resume':
     case 'restore':
-      if (st === 'running') return;
+      if (st === 'running') return 0;
       await h.lifecycle({ type: st === 'hibernated' ? 'RESTORE' : 'RESUME' });
-      return;
+      return 0;
   }
 }

@@ -145,15 +145,16 @@ export class PlacementHost {
     await this.reload();
     const now = Date.now();
     const nodes = Object.values(this.actor.getSnapshot().context.nodes).filter((r) => isLive(r, now) || r.state === 'draining');
-    const reply: GroupReply = { group, verb, total: 0, ok: 0, failed: [], unreachable: [], durationMs: 0 };
+    const reply: GroupReply = { group, verb, total: 0, ok: 0, failed: [], unreachable: [], releasedBytes: 0, durationMs: 0 };
     await Promise.all(
       nodes.map(async (n) => {
         try {
           const m = await this.nc.request(subjects.node(n.node, 'group'), encode({ group, verb }), { timeout: GROUP_TIMEOUT_MS, headers: traceHeaders() });
-          const r = decode(m.data) as Reply<{ total: number; ok: number; failed: GroupReply['failed'] }>;
+          const r = decode(m.data) as Reply<{ total: number; ok: number; failed: GroupReply['failed']; releasedBytes?: number }>;
           if (!r.ok) throw new ProtocolError(r.error.code, r.error.message);
           reply.total += r.result.total;
           reply.ok += r.result.ok;
+          reply.releasedBytes += r.result.releasedBytes ?? 0;
           reply.failed.push(...r.result.failed);
         } catch (err) {
           if (err instanceof ProtocolError) throw err;

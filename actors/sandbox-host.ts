@@ -145,6 +145,8 @@ export class SandboxHost {
       createdAt: now,
       expiresAt: now + spec.ttlSec * 1000,
     };
+    if (spec.toolkit) this.info.toolkit = spec.toolkit;
+    if (spec.workspace) this.info.workspace = spec.workspace;
     if (spec.group) this.info.group = spec.group;
     if (spec.idleTimeoutSec !== undefined) this.info.idleTimeoutSec = spec.idleTimeoutSec;
     this.actor = createActor(SandboxHost.machine, {

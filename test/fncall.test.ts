@@ -44,6 +44,13 @@ test('python: stdin in, stdout out, with its time and memory', async (t) => {
   t.is(r.node, t.context.cluster.nodes[0]?.id as string);
 });
 
+test('the python image has pip and venv, and names no resolver it cannot reach', async (t) => {
+  const code = 'import os, pip, venv, ensurepip\nprint(pip.__version__.split(".")[0].isdigit(), os.path.exists("/etc/resolv.conf"))\n';
+  const r = await t.context.pdk.fn.invoke({ language: 'python', code });
+  t.is(r.verdict, 'OK', r.stderr);
+  t.is(r.stdout, 'True False\n');
+});
+
 test('c and cpp are compiled, then run; bash runs; args and files reach the program', async (t) => {
   const { pdk } = t.context;
   const c = await pdk.fn.invoke({ language: 'c', code: '#include <stdio.h>\nint main(int argc, char **argv) { int x; scanf("%d", &x); printf("%d %s\\n", x + 1, argv[1]); return 0; }\n', stdin: '41', args: ['hello'] });

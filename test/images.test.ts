@@ -182,6 +182,7 @@ test('lazy loading: a sandbox starts having fetched a fraction of its layers; co
   const node = c.cluster.nodes[0]!.id;
   const ws = img.layers[0]!;
   const [a, b] = await Promise.all([c.pdk.sandboxes.create({ image: 'busybox', workspace: img.name }), c.pdk.sandboxes.create({ image: 'busybox', workspace: img.name })]);
+  t.like(a.info, { image: 'busybox', workspace: img.name }, 'the record names what the sandbox was composed of');
   const before = (await layerStats(c.pdk, node)).layers.find((l) => l.digest === ws.digest)!;
   t.true(before.fetchedBytes < ws.size / 4, `fetched ${before.fetchedBytes} of ${ws.size} before reading`);
 

@@ -146,8 +146,16 @@ test('groups: pause, resume, hibernate and kill a training job on every node at 
   t.like(await pdk.groups.pause(g), { total: 6, ok: 6 }, 'pausing again is a no-op, not a failure');
   t.like(await pdk.groups.resume(g), { total: 6, ok: 6 });
   for (const s of sbs) t.is((await s.refresh()).state, 'running');
-  t.like(await pdk.groups.hibernate(g), { total: 6, ok: 6 });
-  for (const s of sbs) t.is((await s.refresh()).state, 'hibernated');
+  const h = await pdk.groups.hibernate(g);
+  t.like(h, { total: 6, ok: 6 });
+  let released = 0;
+  for (const s of sbs) {
+    const info = await s.refresh();
+    t.is(info.state, 'hibernated');
+    released += info.released?.bytes ?? 0;
+  }
+  t.is(h.releasedBytes, released, 'the summary adds up what each sandbox gave back');
+  t.is((await pdk.groups.hibernate(g)).releasedBytes, 0, 'sandboxes already asleep give nothing more');
   t.like(await pdk.groups.restore(g), { total: 6, ok: 6 });
   t.like(await pdk.groups.kill(g), { total: 6, ok: 6 });
   for (const s of sbs) t.is((await pdk.sandboxes.get(s.id)).info.state, 'stopped');

@@ -131,7 +131,7 @@ export async function ps(a: Args): Promise<number> {
       return 0;
     }
     const now = Date.now();
-    const rows = list.map((s) => [s.id, s.node, s.state, s.image, String(s.cpu), `${s.memoryMiB}Mi`, age(now - s.createdAt), labelText(s.labels)]);
+    const rows = list.map((s) => [s.id, s.node, s.state, imageText(s), String(s.cpu), `${s.memoryMiB}Mi`, age(now - s.createdAt), labelText(s.labels)]);
     out(table(['ID', 'NODE', 'STATE', 'IMAGE', 'CPU', 'MEM', 'AGE', 'LABELS'], rows));
     return 0;
   });
@@ -166,6 +166,11 @@ export async function rmCmd(a: Args): Promise<number> {
   });
 }
 
+/** The image as composed: `base+toolkit+workspace`. */
+function imageText(s: SandboxInfo): string {
+  return [s.image, s.toolkit, s.workspace].filter(Boolean).join('+');
+}
+
 function infoText(s: SandboxInfo): string {
   const rows: [string, string][] = [
     ['id', s.id],
@@ -173,6 +178,8 @@ function infoText(s: SandboxInfo): string {
     ['node', s.node || '-'],
     ['backend', s.backend],
     ['image', s.image],
+    ...(s.toolkit ? [['toolkit', s.toolkit] as [string, string]] : []),
+    ...(s.workspace ? [['workspace', s.workspace] as [string, string]] : []),
     ['cpu', String(s.cpu)],
     ['memory', `${s.memoryMiB} MiB`],
     ['labels', labelText(s.labels)],

@@ -5,7 +5,7 @@
  */
 import { join } from 'node:path';
 import type { FnLanguage } from '../../protocol/index.ts';
-import { type BuildSpec, buildImage, DEFAULT_ENV, ensurePythonImage, PYTHON_SPEC } from '../images/build.ts';
+import { type BuildSpec, buildImage, currentImage, DEFAULT_ENV, ensurePythonImage, PYTHON_SPEC } from '../images/build.ts';
 import { withHostLock } from '../images/lock.ts';
 import { copyImage, LocalLayerStore } from '../images/remote.ts';
 import type { ImageManifest, ImageStore } from '../images/store.ts';
@@ -66,40 +66,40 @@ export async function ensureLanguageImages(store: ImageStore, o: { which?: reado
   const out: ImageManifest[] = [];
   const progress = o.progress;
   for (const name of o.which ?? ['python', 'gcc']) {
-    const have = await store.get(name);
+    const spec = name === PYTHON_SPEC.name ? PYTHON_SPEC : name === GCC_SPEC.name ? GCC_SPEC : undefined;
+    if (!spec) throw new Error(`no build spec for image ${name}`);
+    const have = await currentImage(store, spec);
     if (have) {
       out.push(have);
       continue;
     }
-    const from = await firstHaving(name, (o.copyFrom ?? []).filter((d) => d !== store.root));
+    const from = await firstHaving(spec, (o.copyFrom ?? []).filter((d) => d !== store.root));
     if (from) {
       progress?.write(`[${name}] copying from ${from.location}\n`);
       out.push(await copyImage(name, from, new LocalLayerStore(store.root)));
       continue;
     }
-    if (name === PYTHON_SPEC.name) out.push(await ensurePythonImage(store, { progress }));
-    else if (name === GCC_SPEC.name) out.push(await ensureBuilt(store, GCC_SPEC, progress));
-    else throw new Error(`no build spec for image ${name}`);
+    out.push(spec === PYTHON_SPEC ? await ensurePythonImage(store, { progress }) : await ensureBuilt(store, spec, progress));
   }
   return out;
 }
 
-async function firstHaving(name: string, dirs: string[]): Promise<LocalLayerStore | undefined> {
+async function firstHaving(spec: BuildSpec, dirs: string[]): Promise<LocalLayerStore | undefined> {
   for (const d of dirs) {
     const s = new LocalLayerStore(d);
-    if (await s.get(name).catch(() => null)) return s;
+    if (await currentImage(s, spec)) return s;
   }
   return undefined;
 }
 
 /** Builds `spec` unless the store has it; concurrent builders on one host wait for the first. */
 async function ensureBuilt(store: ImageStore, spec: BuildSpec, progress?: NodeJS.WritableStream): Promise<ImageManifest> {
-  const have = await store.get(spec.name);
+  const have = await currentImage(store, spec);
   if (have) return have;
   await store.init();
   return withHostLock(
     join(store.root, 'tmp', `${spec.name}.lock`),
     () => buildImage(spec, { store, progress }),
-    () => store.get(spec.name),
+    () => currentImage(store, spec),
   );
 }

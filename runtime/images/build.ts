@@ -17,6 +17,7 @@
  * (default /var/cache/paddock/debs), so a rebuild downloads nothing it already has.
  */
 import { spawn } from 'node:child_process';
+import { createHash } from 'node:crypto';
 import { existsSync, readFileSync } from 'node:fs';
 import { mkdir, mkdtemp, rm } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
@@ -39,6 +40,23 @@ export interface BuildSpec {
   user?: { uid: number; gid: number };
   init?: string[];
   cmd?: string[];
+}
+
+/**
+ * Bumped whenever the builder itself makes different trees from the same spec (a file it now
+ * removes, a step it adds): images built by an older builder are then rebuilt, not reused.
+ */
+const BUILDER_VERSION = 2;
+
+/** What a built image was made from: its spec and the builder's version, as one digest. */
+export function recipeOf(spec: BuildSpec): string {
+  return createHash('sha256').update(JSON.stringify({ builder: BUILDER_VERSION, spec })).digest('hex');
+}
+
+/** The store's image built from `spec` as it is now; null when missing or made from another recipe. */
+export async function currentImage(store: { get(name: string): Promise<ImageManifest | null> }, spec: BuildSpec): Promise<ImageManifest | null> {
+  const m = await store.get(spec.name).catch(() => null);
+  return m && m.recipe === recipeOf(spec) ? m : null;
 }
 
 export interface BuildOptions {
@@ -152,7 +170,9 @@ function packageCounter(p: Progress, what: string): (line: string) => void {
 
 /** Removes what a package install leaves that no sandbox needs and every build would change. */
 async function trimDebian(root: string): Promise<void> {
-  await run('sh', ['-c', 'rm -rf "$1"/var/cache/apt/archives/*.deb "$1"/var/cache/apt/*.bin "$1"/var/lib/apt/lists/* "$1"/var/log/apt/* "$1"/tmp/* 2>/dev/null; true', 'sh', root]);
+  // resolv.conf too: debootstrap copies the build host's, and a sandbox with no network must not
+  // be told of a resolver (an egress policy that opens DNS writes its own).
+  await run('sh', ['-c', 'rm -rf "$1"/var/cache/apt/archives/*.deb "$1"/var/cache/apt/*.bin "$1"/var/lib/apt/lists/* "$1"/var/log/apt/* "$1"/tmp/* "$1"/etc/resolv.conf 2>/dev/null; true', 'sh', root]);
 }
 
 export async function debootstrap(target: string, o: { suite: string; variant?: string; mirror?: string; packages?: string[]; cache: string; progress: Progress }): Promise<void> {
@@ -277,7 +297,7 @@ export async function buildImage(spec: BuildSpec, o: BuildOptions): Promise<Imag
       if (toolkitLayers.length) await o.store.putManifest({ name: `${spec.name}-toolkit`, layers: toolkitLayers, ...defaults, env: spec.env ?? [], cwd: '/' });
       if (workspaceLayers.length) await o.store.putManifest({ name: `${spec.name}-workspace`, layers: workspaceLayers, ...defaults, env: [], cwd: spec.cwd ?? '/' });
     }
-    const manifest: ImageManifest = { name: spec.name, layers: [...baseLayers, ...toolkitLayers, ...workspaceLayers], ...defaults };
+    const manifest: ImageManifest = { name: spec.name, layers: [...baseLayers, ...toolkitLayers, ...workspaceLayers], ...defaults, recipe: recipeOf(spec) };
     if (spec.cmd) manifest.cmd = spec.cmd;
     const stored = await o.store.putManifest(manifest);
     const bytes = stored.layers.reduce((s, l) => s + l.size, 0);
@@ -292,7 +312,8 @@ export async function buildImage(spec: BuildSpec, o: BuildOptions): Promise<Imag
 export const PYTHON_SPEC: BuildSpec = {
   name: 'python',
   base: { suite: 'bookworm', variant: 'minbase' },
-  toolkit: { packages: ['python3', 'python3-pytest', 'git'] },
+  // pip and venv: a workspace's `pip install -r requirements.txt` (from a mirror it may reach) or `python3 -m venv`.
+  toolkit: { packages: ['python3', 'python3-pip', 'python3-venv', 'python3-pytest', 'git'] },
   env: [...DEFAULT_ENV, 'PYTHONDONTWRITEBYTECODE=1'],
   cwd: '/',
   init: ['/bin/sleep', 'infinity'],
@@ -302,16 +323,17 @@ export const PYTHON_SPEC: BuildSpec = {
 /**
  * The `python` image, built once per image store (about a minute and ~60 MB of downloads the first
  * time; the .debs stay in the deb cache). Its parts are stored too: `python-base` (bookworm
- * minbase) and `python-toolkit` (python3, pytest, git), for composing.
+ * minbase) and `python-toolkit` (python3, pip, venv, pytest, git), for composing. An image built
+ * from an older recipe is rebuilt.
  */
 export async function ensurePythonImage(store: ImageStore, o: Omit<BuildOptions, 'store'> = {}): Promise<ImageManifest> {
-  const have = await store.get(PYTHON_SPEC.name);
+  const have = await currentImage(store, PYTHON_SPEC);
   if (have) return have;
   // Two builders at once would both download: the second waits for the first's image.
   await store.init();
   return withHostLock(
     join(store.root, 'tmp', 'python.lock'),
     () => buildImage(PYTHON_SPEC, { ...o, store, parts: true }),
-    () => store.get(PYTHON_SPEC.name),
+    () => currentImage(store, PYTHON_SPEC),
   );
 }

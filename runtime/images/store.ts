@@ -38,6 +38,8 @@ export interface ImageManifest {
   init: string[];
   /** What `paddock image build` recorded as the image's default command (informational). */
   cmd?: string[];
+  /** For images Paddock builds itself: the digest of the spec and builder that made it (build.ts recipeOf). */
+  recipe?: string;
 }
 
 export interface BlobInfo {
@@ -82,6 +84,7 @@ export function checkManifest(m: unknown, name?: string): ImageManifest {
   const u = x.user as Record<string, unknown> | undefined;
   if (!u || !Number.isInteger(u.uid) || !Number.isInteger(u.gid)) bad('user: {uid, gid}');
   if (!Array.isArray(x.init) || x.init.length === 0 || !x.init.every((a) => typeof a === 'string')) bad('init: a non-empty command');
+  if (x.recipe !== undefined && (typeof x.recipe !== 'string' || !HEX.test(x.recipe))) bad('recipe: a sha256 hex digest');
   return m as ImageManifest;
 }
 
