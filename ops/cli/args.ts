@@ -102,7 +102,7 @@ export function positionals(a: Args, min: number, max: number, what: string): st
 }
 
 /** A subcommand's own flags and words (`paddock fn …`, `paddock image …`); a bad flag is `usage(message)`. */
-export function parseFlags<O extends Options>(args: string[], options: O, usage: (message: string) => Error) {
+export function parseFlags<O extends Options>(args: string[], options: O, usage: (message: string) => Error): ReturnType<typeof parseArgs<{ args: string[]; allowPositionals: true; options: O }>> {
   try {
     return parseArgs({ args, allowPositionals: true, options });
   } catch (err) {
