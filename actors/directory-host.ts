@@ -6,12 +6,10 @@
 import { type KV, Kvm } from '@nats-io/kv';
 import { type NatsConnection, RequestError } from '@nats-io/transport-node';
 import type { Logger } from 'pino';
-import { Buckets, check, decode, encode, PLACEMENT_QUEUE, ProtocolError, type Reply, Schema, type SandboxInfo, type SandboxState, scanKv, subjects } from '../protocol/index.ts';
+import { Buckets, check, decode, encode, PLACEMENT_QUEUE, ProtocolError, type Reply, Schema, type SandboxInfo, scanKv, selectSandboxes, subjects } from '../protocol/index.ts';
 import { traceHeaders } from '../protocol/trace.ts';
 import { serve } from './bind.ts';
 
-/** Listed when no state filter is given and `all` is not set. */
-const LIVE: ReadonlySet<SandboxState> = new Set(['creating', 'running', 'stopping']);
 /** Room left in a page for the reply's envelope. */
 const PAGE_OVERHEAD = 16 * 1024;
 const INFO_TIMEOUT_MS = 5000;
@@ -46,19 +44,11 @@ export class DirectoryHost {
 
   private async list(body: unknown): Promise<Schema.SandboxesListReply> {
     const q = check(Schema.SandboxesListRequest, body, 'INVALID_REQUEST', 'sandboxes.list');
-    const after = q.cursor === undefined ? null : parseCursor(q.cursor);
-    const states = q.state ? new Set<SandboxState>(q.state) : null;
-    const rows = (await scanKv<SandboxInfo>(await this.directory()))
-      .map((e) => e.value)
-      .filter((info) => {
-        if (states ? !states.has(info.state) : !q.all && !LIVE.has(info.state)) return false;
-        if (q.group !== undefined && info.group !== q.group) return false;
-        if (q.node !== undefined && info.node !== q.node) return false;
-        if (q.backend !== undefined && info.backend !== q.backend) return false;
-        if (q.labels && !Object.entries(q.labels).every(([k, v]) => info.labels[k] === v)) return false;
-        return after === null || info.createdAt > after.createdAt || (info.createdAt === after.createdAt && info.id > after.id);
-      })
-      .sort((a, b) => a.createdAt - b.createdAt || (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
+    const after = q.cursor === undefined ? undefined : parseCursor(q.cursor);
+    const rows = selectSandboxes(
+      (await scanKv<SandboxInfo>(await this.directory())).map((e) => e.value),
+      { ...q, ...(after ? { after } : {}) },
+    );
     // A page ends at `limit` rows or when the next row would not fit the reply, whichever first.
     const budget = (this.nc.info?.max_payload ?? 1024 * 1024) - PAGE_OVERHEAD;
     const page: SandboxInfo[] = [];

@@ -3,7 +3,7 @@ import { readFileSync } from 'node:fs';
 import { Kvm } from '@nats-io/kv';
 import { type NatsConnection, connect as natsConnect } from '@nats-io/transport-node';
 import { natsUrlFile } from '../protocol/discovery.ts';
-import { Buckets, type CreateReply, decode, type GroupReply, type GroupVerb, isToken, type SandboxesListReply, type SandboxInfo, type SandboxSpec, type SandboxState, subjects } from '../protocol/index.ts';
+import { Buckets, type CreateReply, decode, type GroupReply, type GroupVerb, isToken, type SandboxesListReply, type SandboxInfo, type SandboxSpec, type SandboxState, scanKv, selectSandboxes, subjects } from '../protocol/index.ts';
 import { InvalidRequestError, NotFoundError, TimeoutError, UnavailableError } from './errors.ts';
 import { Fn } from './fn.ts';
 import { Rollouts } from './rollouts.ts';
@@ -107,6 +107,14 @@ export class Sandboxes {
     }
   };
 
+  /** Every record of the directory bucket, read straight from JetStream (no placement replica answers). */
+  private async directoryRecords(opts: CallOptions): Promise<SandboxInfo[]> {
+    const kv = await new Kvm(this.t.nc).open(Buckets.sandboxes).catch((err: unknown) => {
+      throw new UnavailableError('UNAVAILABLE', `nothing answers ${subjects.sandboxesList}, and there is no sandbox directory (bucket ${Buckets.sandboxes}): is a Paddock node running?`, { cause: err });
+    });
+    return (await this.t.within(scanKv<SandboxInfo>(kv, { signal: opts.signal }), opts, 'the listing')).map((e) => e.value);
+  }
+
   /** @internal a handle on a sandbox whose record a server sent. */
   readonly handle = (info: SandboxInfo): Sandbox => new Sandbox(this.t, info, this.lookup);
 
@@ -138,7 +146,11 @@ export class Sandboxes {
     do {
       const left = deadline - Date.now();
       if (left <= 0) throw new TimeoutError('TIMEOUT', `the listing did not finish within ${timeoutMs ?? this.t.defaultTimeoutMs} ms`);
-      const page: SandboxesListReply = await this.t.request<SandboxesListReply>(subjects.sandboxesList, { ...filters, ...(cursor !== undefined ? { cursor } : {}) }, { timeoutMs: left, signal });
+      // With no placement replica left (every node stopped), the directory bucket is still there:
+      // read it here, as `get` does, in one page.
+      const page: SandboxesListReply = await this.t.request<SandboxesListReply>(subjects.sandboxesList, { ...filters, ...(cursor !== undefined ? { cursor } : {}) }, { timeoutMs: left, signal }, async () => ({
+        sandboxes: selectSandboxes(await this.directoryRecords({ timeoutMs: left, signal }), filters),
+      }));
       out.push(...page.sandboxes);
       cursor = page.next;
     } while (cursor !== undefined);

@@ -91,4 +91,8 @@ test('a clean stop kills every sandbox of the node', async (t) => {
   // Nothing of the runtime state is left on the host's disk.
   t.deepEqual(await readdir(join(home, 'nodes', node.id, 'run')), []);
   for (const s of sbs) t.is((await pdk.sandboxes.get(s.id)).info.state, 'stopped');
+  // With no node left to answer, the listing reads the directory bucket: the same records, filtered.
+  const ended = await pdk.sandboxes.list({ state: ['stopped'] });
+  t.deepEqual(ended.map((i) => i.id).sort(), sbs.map((s) => s.id).sort());
+  t.deepEqual(await pdk.sandboxes.list({}), [], 'ended sandboxes are not listed by default');
 });
