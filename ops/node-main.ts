@@ -24,6 +24,7 @@ import { Buckets } from '../protocol/index.ts';
 import { BackendSet } from '../runtime/backends.ts';
 import { loadConfig, type NodeConfig } from '../runtime/config.ts';
 import { ContainerBackend } from '../runtime/container/index.ts';
+import { MicrovmBackend } from '../runtime/microvm/index.ts';
 import { FnService } from '../runtime/fncall/service.ts';
 import { NodeImages } from '../runtime/images/node-images.ts';
 import { NS_MARK, nodeCommand } from './launch.ts';
@@ -75,6 +76,9 @@ class NodeProcess {
     // An init that dies (killed from inside, or by the OOM killer) fails its sandbox at once.
     const opened = this.backends.get('container')?.backend;
     if (opened instanceof ContainerBackend) opened.onCrash = (id, why) => this.host?.crashed(id, why);
+    // A microVM whose VMM dies or whose agent breaks its protocol fails its sandbox the same way.
+    const vms = this.backends.get('microvm')?.backend;
+    if (vms instanceof MicrovmBackend) vms.onCrash = (id, why) => this.host?.crashed(id, why);
     const leftovers = await this.backends.recover();
     if (Object.keys(leftovers).length > 0) log.warn({ sandboxes: leftovers }, 'removed leftovers of a previous run');
 

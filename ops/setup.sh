@@ -33,6 +33,11 @@ command -v git >/dev/null 2>&1 || need+=(git)
 command -v python3 >/dev/null 2>&1 || need+=(python3)
 command -v lxcfs >/dev/null 2>&1 || need+=(lxcfs)
 [ -x /usr/sbin/nft ] || need+=(nftables)  # not `command -v`: under npm, node_modules/.bin/nft (@vercel/nft) shadows it
+# MicroVMs: QEMU's microvm machine, Debian's cloud kernel for the guests (runtime/microvm/kernel.ts
+# cuts its uncompressed vmlinux out of the LZ4-compressed bzImage with lz4).
+command -v qemu-system-x86_64 >/dev/null 2>&1 || need+=(qemu-system-x86)
+ls /boot/vmlinuz-*-cloud-amd64 >/dev/null 2>&1 || need+=(linux-image-cloud-amd64)
+command -v lz4 >/dev/null 2>&1 || need+=(lz4)
 
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then

@@ -138,6 +138,20 @@ export class LayerManager {
     }
   }
 
+  /**
+   * The layer as a whole local file, not mounted on the host (a VM attaches it as a read-only
+   * disk and mounts it in its own kernel); counted in the cache like a mount until `releaseFile`.
+   */
+  async acquireFile(ref: LayerRef): Promise<string> {
+    const digest = `sha256:${hexOf(ref.digest)}`;
+    const got = await this.call<{ path: string; local: boolean }>({ op: 'acquire', ref: { digest, size: ref.size, index: ref.index, chunk: ref.chunk }, mode: 'eager' });
+    return got.path;
+  }
+
+  releaseFile(ref: LayerRef): void {
+    void this.call({ op: 'release', digest: `sha256:${hexOf(ref.digest)}` }).catch(() => {});
+  }
+
   private async mount(ref: LayerRef, digest: string): Promise<Mounted> {
     const hex = hexOf(digest);
     const target = join(this.layersDir, hex);

@@ -1,0 +1,673 @@
+/**
+ * The microVM backend: each sandbox is a QEMU `-M microvm` guest running Debian's cloud kernel,
+ * Paddock's init and agent (agent.c) from an initramfs, and the image's own EROFS layers as
+ * read-only virtio-blk disks (the same layer files containers mount, from the node's layer cache)
+ * under an overlay whose writable layer is a tmpfs of `diskMiB` in the guest's RAM.
+ *
+ * Booting under TCG takes seconds, so each (image, memory, vCPUs, disk) is booted once as a
+ * template whose RAM is a file mapped shared; it is stopped and its device state saved with
+ * `x-ignore-shared` (RAM is not written, the file is the RAM). A sandbox is a QEMU started with the
+ * same devices, the RAM file mapped private (copy-on-write: clones share every page they have not
+ * written) and `-incoming defer`, fed the device state. One such VMM per template waits started
+ * (`spare`), so QEMU's own start-up (~150 ms under TCG) is off the create's path. After every
+ * restore the agent sets the guest's clock, reseeds its RNG and gives it its own hostname and
+ * machine-id (SYNC), so clones share neither entropy nor time.
+ *
+ * Hibernate: QMP `stop`, the whole state to a file (`migrate exec:cat > file`: QEMU 7.2 has no
+ * `file:` URI), the VMM exits. Restore starts a VMM `-incoming` from that file.
+ *
+ * Layout under the node directory:
+ *   microvm/templates/<key>/  mem (the template's RAM, never changed once saved), dev (its device state)
+ *   microvm/vms/<dir>/        meta.json (sandbox id), qmp.sock, agent.sock, qemu.pid, console.log,
+ *                             qemu.err, state (while hibernated or as a snapshot source)
+ *   microvm/snapshots/<name>  state of a named snapshot (with meta: the template it came from)
+ */
+import { type ChildProcess, spawn } from 'node:child_process';
+import { randomBytes, createHash } from 'node:crypto';
+import { existsSync, readFileSync } from 'node:fs';
+import { mkdir, readdir, readFile, rename, rm, stat, writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { constants as osConstants } from 'node:os';
+import type { Logger } from 'pino';
+import { diskMiBOf, type FileEntry, Limits, ProtocolError, type SandboxSpec, type SandboxStats } from '../../protocol/index.ts';
+import { type Backend, EXEC_KILLED, type ExecOptions, type ExecOutcome, type HibernateOutcome, type SandboxFiles, type Snapshotting } from '../backend.ts';
+import type { ImageManifest, LayerRef } from '../images/store.ts';
+import type { LayerManager } from '../images/layers.ts';
+import { AgentChannel, T } from './channel.ts';
+import { type GuestBoot, guestBoot, hostTscKhz } from './kernel.ts';
+import { Qmp } from './qmp.ts';
+
+export interface MicrovmBackendOptions {
+  nodeDir: string;
+  nodeId: string;
+  binDir: string;
+  layers: LayerManager;
+  resolve: (spec: SandboxSpec) => Promise<ImageManifest>;
+  log?: Logger;
+  qemu?: string;
+  /** 'kvm' | 'tcg' | undefined (probe: KVM when /dev/kvm exists and a boot with it succeeds, else TCG). */
+  accel?: string;
+  /** VMMs kept started and waiting per template (0: start one per create). */
+  spares?: number;
+}
+
+/** What a template is made of: its devices must be the same in every clone. */
+interface Shape {
+  layers: string[];
+  memoryMiB: number;
+  cpus: number;
+  diskMiB: number;
+}
+
+interface Template {
+  key: string;
+  dir: string;
+  shape: Shape;
+  refs: LayerRef[];
+}
+
+interface Vmm {
+  dir: string;
+  proc: ChildProcess;
+  qmp: Qmp;
+  exited: Promise<void>;
+}
+
+interface Vm {
+  id: string;
+  dir: string;
+  tmpl: Template;
+  env: string[];
+  cwd: string;
+  vmm?: Vmm;
+  agent?: AgentChannel;
+  hibernated?: string;
+  failed?: string;
+  seq: number;
+}
+
+const BOOT_TIMEOUT_MS = 120_000;
+/** The RNG and identity a clone gets after every restore (agent.c do_sync). */
+const PIPE_GRACE_MS = 2000;
+
+const ERRNO: Record<number, [string, string]> = {
+  1: ['FORBIDDEN', 'permission denied'],
+  2: ['NOT_FOUND', 'no such file or directory'],
+  6: ['FORBIDDEN', 'not a regular file'],
+  13: ['FORBIDDEN', 'permission denied'],
+  20: ['INVALID_REQUEST', 'a component is not a directory'],
+  21: ['INVALID_REQUEST', 'is a directory'],
+  22: ['INVALID_REQUEST', 'invalid path'],
+  27: ['DISK_LIMIT', 'file too large'],
+  28: ['DISK_LIMIT', "the sandbox's writable layer is full"],
+  30: ['FORBIDDEN', 'read-only'],
+  36: ['INVALID_REQUEST', 'name too long'],
+  39: ['INVALID_REQUEST', 'directory not empty (pass recursive)'],
+  40: ['FORBIDDEN', 'a symlink where none may be'],
+  122: ['DISK_LIMIT', "the sandbox's writable layer is full"],
+};
+
+function guestError(err: number, path: string): ProtocolError {
+  const [code, what] = ERRNO[err] ?? ['BACKEND_FAILED', `guest error ${err}`];
+  return new ProtocolError(code as 'NOT_FOUND', `${path}: ${what}`);
+}
+
+const alive = (pid: number) => {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+};
+
+export class MicrovmBackend implements Backend, Snapshotting {
+  readonly kind = 'microvm' as const;
+  private readonly root: string;
+  private readonly vms = new Map<string, Vm>();
+  private readonly templates = new Map<string, Promise<Template>>();
+  private readonly spare = new Map<string, Promise<Vmm>[]>();
+  private boot?: GuestBoot;
+  private tsc?: number;
+  accel = 'tcg';
+  onCrash?: (id: string, why: string) => void;
+
+  constructor(private readonly o: MicrovmBackendOptions) {
+    this.root = join(o.nodeDir, 'microvm');
+  }
+
+  async init(): Promise<void> {
+    for (const d of ['templates', 'vms', 'snapshots']) await mkdir(join(this.root, d), { recursive: true });
+    this.boot = await guestBoot(this.o.binDir);
+    this.tsc = await hostTscKhz();
+    this.accel = this.o.accel ?? (existsSync('/dev/kvm') ? 'kvm' : 'tcg');
+  }
+
+  private get qemu(): string {
+    return this.o.qemu ?? 'qemu-system-x86_64';
+  }
+
+  private args(dir: string, shape: Shape, mem: { path: string; share: boolean }, extra: string[]): string[] {
+    const boot = this.boot!;
+    const append = ['console=ttyS0', 'quiet', 'panic=-1', 'rdinit=/init', `pdk.layers=${shape.layers.length}`, `pdk.disk=${shape.diskMiB}`, 'random.trust_cpu=on'];
+    if (this.tsc && this.accel === 'tcg') append.push(`tsc_early_khz=${this.tsc}`);
+    const a = [
+      '-M', 'microvm,x-option-roms=off,isa-serial=on,rtc=on',
+      '-nodefaults', '-no-user-config', '-nographic', '-no-reboot',
+      '-accel', this.accel === 'kvm' ? 'kvm' : 'tcg,tb-size=32',
+      '-cpu', this.accel === 'kvm' ? 'host' : 'max',
+      '-smp', String(shape.cpus),
+      '-m', `${shape.memoryMiB}M`,
+      '-object', `memory-backend-file,id=mem,size=${shape.memoryMiB}M,mem-path=${mem.path},share=${mem.share ? 'on' : 'off'}`,
+      '-machine', 'memory-backend=mem',
+      '-kernel', boot.vmlinux, '-initrd', boot.initrd, '-append', append.join(' '),
+      '-serial', `file:${join(dir, 'console.log')}`,
+      '-device', 'virtio-serial-device',
+      '-chardev', `socket,id=agent,path=${join(dir, 'agent.sock')},server=on,wait=off`,
+      '-device', 'virtserialport,chardev=agent,name=paddock',
+      '-qmp', `unix:${join(dir, 'qmp.sock')},server=on,wait=off`,
+      '-pidfile', join(dir, 'qemu.pid'),
+      '-name', `paddock-${this.o.nodeId}`,
+      // spawn stays allowed: migration to and from files goes through `exec:` (QEMU 7.2 has no `file:`).
+      '-sandbox', 'on,obsolete=deny,elevateprivileges=deny,resourcecontrol=deny',
+    ];
+    shape.layers.forEach((l, i) => {
+      a.push('-drive', `id=l${i},file=${l},format=raw,if=none,readonly=on`, '-device', `virtio-blk-device,drive=l${i},serial=pdk-l${i}`);
+    });
+    return [...a, ...extra];
+  }
+
+  private async start(dir: string, shape: Shape, mem: { path: string; share: boolean }, extra: string[]): Promise<Vmm> {
+    await mkdir(dir, { recursive: true });
+    const { openSync, closeSync } = await import('node:fs');
+    const errFd = openSync(join(dir, 'qemu.err'), 'a');
+    const proc = spawn(this.qemu, this.args(dir, shape, mem, extra), { stdio: ['ignore', 'ignore', errFd] });
+    closeSync(errFd);
+    const exited = new Promise<void>((resolve) => {
+      proc.once('exit', () => resolve());
+      proc.once('error', () => resolve());
+    });
+    const gone = exited.then(() => {
+      throw new ProtocolError('BACKEND_FAILED', `microvm: QEMU exited: ${lastLines(join(dir, 'qemu.err')) || 'no message'}`);
+    });
+    gone.catch(() => {});
+    const qmp = await Promise.race([Qmp.open(join(dir, 'qmp.sock')), gone]);
+    return { dir, proc, qmp, exited };
+  }
+
+  private async stopVmm(v: Vmm | undefined): Promise<void> {
+    if (!v) return;
+    v.qmp.close();
+    if (v.proc.exitCode === null && v.proc.signalCode === null) v.proc.kill('SIGKILL');
+    await v.exited;
+  }
+
+  // ─── templates ────────────────────────────────────────────────────────────────────────────
+
+  private async shapeOf(spec: SandboxSpec): Promise<{ shape: Shape; refs: LayerRef[]; image: ImageManifest }> {
+    const image = await this.o.resolve(spec);
+    const refs = image.layers;
+    const layers = await Promise.all(refs.map((r) => this.o.layers.acquireFile(r)));
+    return { shape: { layers, memoryMiB: spec.memoryMiB, cpus: Math.max(1, Math.ceil(spec.cpu)), diskMiB: diskMiBOf(spec) }, refs, image };
+  }
+
+  private template(shape: Shape, refs: LayerRef[]): Promise<Template> {
+    const key = createHash('sha256')
+      .update(JSON.stringify({ boot: this.boot!.key, digests: refs.map((r) => r.digest), m: shape.memoryMiB, c: shape.cpus, d: shape.diskMiB, a: this.accel }))
+      .digest('hex')
+      .slice(0, 20);
+    let t = this.templates.get(key);
+    if (!t) {
+      t = this.makeTemplate(key, shape, refs);
+      this.templates.set(key, t);
+      t.catch(() => this.templates.delete(key));
+    }
+    return t;
+  }
+
+  private async makeTemplate(key: string, shape: Shape, refs: LayerRef[]): Promise<Template> {
+    const dir = join(this.root, 'templates', key);
+    if (existsSync(join(dir, 'dev'))) return { key, dir, shape, refs };
+    const tmp = `${dir}.tmp-${randomBytes(4).toString('hex')}`;
+    const accels = this.accel === 'kvm' && !this.o.accel ? ['kvm', 'tcg'] : [this.accel];
+    let last: unknown;
+    for (const accel of accels) {
+      this.accel = accel;
+      let vmm: Vmm | undefined;
+      try {
+        await rm(tmp, { recursive: true, force: true });
+        vmm = await this.start(tmp, shape, { path: join(tmp, 'mem'), share: true }, []);
+        const agent = await AgentChannel.open(join(tmp, 'agent.sock'));
+        // The KVM probe is this boot: a kernel that cannot run under it never answers.
+        await withTimeout(this.ping(agent, BOOT_TIMEOUT_MS), accel === 'kvm' ? 30_000 : BOOT_TIMEOUT_MS, 'the template guest did not answer');
+        agent.close();
+        await vmm.qmp.cmd('stop');
+        await vmm.qmp.cmd('migrate-set-capabilities', { capabilities: [{ capability: 'x-ignore-shared', state: true }] });
+        await vmm.qmp.cmd('migrate', { uri: `exec:cat > ${join(tmp, 'dev')}` });
+        await vmm.qmp.migrated();
+        await vmm.qmp.cmd('quit').catch(() => {});
+        await vmm.exited;
+        for (const f of ['qmp.sock', 'agent.sock', 'qemu.pid']) await rm(join(tmp, f), { force: true });
+        await rename(tmp, dir).catch(async (e: NodeJS.ErrnoException) => {
+          // Made meanwhile by a node sharing the directory: use theirs.
+          if (e.code !== 'ENOTEMPTY' && e.code !== 'EEXIST') throw e;
+          await rm(tmp, { recursive: true, force: true });
+        });
+        this.o.log?.info({ key, accel, shape: { ...shape, layers: shape.layers.length } }, 'microvm template booted');
+        return { key, dir, shape, refs };
+      } catch (e) {
+        last = e;
+        await this.stopVmm(vmm);
+        await rm(tmp, { recursive: true, force: true });
+        if (accel === 'kvm') this.o.log?.warn({ err: e }, 'microvm: a guest does not boot under KVM here: TCG from now on');
+      }
+    }
+    throw last;
+  }
+
+  /** A VMM started for this template and waiting for its state. */
+  private startClone(tmpl: Template, dir = join(this.root, 'vms', randomBytes(6).toString('hex'))): Promise<Vmm> {
+    // The capability is in every stream a clone writes too (hibernate, snapshot): set on every receiver.
+    return this.start(dir, tmpl.shape, { path: join(tmpl.dir, 'mem'), share: false }, ['-incoming', 'defer', '-S']).then(async (v) => {
+      await v.qmp.cmd('migrate-set-capabilities', { capabilities: [{ capability: 'x-ignore-shared', state: true }] });
+      return v;
+    });
+  }
+
+  private takeVmm(tmpl: Template): Promise<Vmm> {
+    const want = this.o.spares ?? 1;
+    const pool = this.spare.get(tmpl.key) ?? [];
+    this.spare.set(tmpl.key, pool);
+    const got = pool.shift() ?? this.startClone(tmpl);
+    while (pool.length < want) {
+      const p = this.startClone(tmpl);
+      p.catch(() => {});
+      pool.push(p);
+    }
+    return got;
+  }
+
+  private async ping(agent: AgentChannel, timeoutMs: number): Promise<void> {
+    const deadline = Date.now() + timeoutMs;
+    // Before the guest opens its port, what the host writes is dropped: ask again until it answers.
+    for (;;) {
+      const r = await withTimeout(agent.request(T.PING), 200, 'ping').catch((e: unknown) => e as Error);
+      if (!(r instanceof Error)) return;
+      if (agent.broken || Date.now() > deadline) throw r;
+    }
+  }
+
+  /** Brings `vm` up from `state` (template device state or a full snapshot) in a waiting VMM. */
+  private async incoming(vm: Vm, vmm: Vmm, state: string): Promise<void> {
+    try {
+      await vmm.qmp.cmd('migrate-incoming', { uri: `exec:cat ${state}` });
+      await vmm.qmp.migrated(true);
+    } catch (e) {
+      await Promise.race([vmm.exited, new Promise((r) => setTimeout(r, 500))]);
+      throw new ProtocolError('BACKEND_FAILED', `microvm: loading ${state} failed: ${(e as Error).message}: ${lastLines(join(vmm.dir, 'qemu.err'))}`);
+    }
+    const agent = await AgentChannel.open(join(vmm.dir, 'agent.sock'));
+    agent.onBroken = (why) => {
+      if (vm.vmm === vmm && !vm.hibernated) {
+        vm.failed = why;
+        this.onCrash?.(vm.id, why);
+      }
+    };
+    await vmm.qmp.cmd('cont');
+    vm.vmm = vmm;
+    vm.agent = agent;
+    vm.dir = vmm.dir;
+    await this.sync(vm);
+  }
+
+  private async sync(vm: Vm): Promise<void> {
+    const t = Buffer.alloc(8);
+    t.writeBigUInt64LE(BigInt(Date.now()) * 1_000_000n);
+    const host = Buffer.from(`${vm.id.replace(/[^A-Za-z0-9-]/g, '').slice(0, 60) || 'sandbox'}\0`);
+    const machineId = Buffer.from(randomBytes(16).toString('hex'));
+    const r = await withTimeout(vm.agent!.request(T.SYNC, t, randomBytes(32), host, machineId), 10_000, 'the guest agent did not answer');
+    if (r.err) throw new ProtocolError('BACKEND_FAILED', `microvm: sync failed (${r.err})`);
+  }
+
+  // ─── Backend ──────────────────────────────────────────────────────────────────────────────
+
+  async create(id: string, spec: SandboxSpec, from?: { state: string; tmpl: Template }): Promise<void> {
+    if (this.vms.has(id)) throw new ProtocolError('ALREADY_EXISTS', `sandbox ${id} exists`);
+    const { shape, refs, image } = await this.shapeOf(spec);
+    const env = [...image.env, ...Object.entries(spec.env ?? {}).map(([k, v]) => `${k}=${v}`)];
+    const vm: Vm = { id, dir: '', tmpl: undefined as unknown as Template, env, cwd: spec.cwd ?? (image.cwd || '/'), seq: 0 };
+    this.vms.set(id, vm);
+    try {
+      vm.tmpl = from?.tmpl ?? (await this.template(shape, refs));
+      const vmm = await this.takeVmm(vm.tmpl);
+      vm.dir = vmm.dir;
+      await writeFile(join(vmm.dir, 'meta.json'), JSON.stringify({ id, template: vm.tmpl.key }));
+      await this.incoming(vm, vmm, from?.state ?? join(vm.tmpl.dir, 'dev'));
+    } catch (e) {
+      await this.destroy(id);
+      throw e;
+    }
+  }
+
+  private get(id: string): Vm {
+    const vm = this.vms.get(id);
+    if (!vm) throw new ProtocolError('NOT_FOUND', `no sandbox ${id} on this backend`);
+    return vm;
+  }
+
+  private running(id: string): Vm & { agent: AgentChannel; vmm: Vmm } {
+    const vm = this.get(id);
+    if (vm.failed) throw new ProtocolError('BACKEND_FAILED', `microvm: sandbox ${id} failed: ${vm.failed}`);
+    if (!vm.agent || !vm.vmm) throw new ProtocolError('INVALID_STATE', `sandbox ${id} is not running`);
+    return vm as Vm & { agent: AgentChannel; vmm: Vmm };
+  }
+
+  async exec(id: string, opts: ExecOptions): Promise<ExecOutcome> {
+    const vm = this.running(id);
+    const env = [...vm.env, ...Object.entries(opts.env ?? {}).map(([k, v]) => `${k}=${v}`)];
+    const started = performance.now();
+    return new Promise<ExecOutcome>((resolve) => {
+      const out: Buffer[] = [];
+      const err: Buffer[] = [];
+      const seen = { out: 0, err: 0 };
+      let truncated = false;
+      let timedOut = false;
+      let noSpace = false;
+      let done = false;
+      let grace: NodeJS.Timeout | undefined;
+      const take = (which: 'out' | 'err', chunk: Buffer) => {
+        if (which === 'err' && chunk.includes('No space left on device')) noSpace = true;
+        const room = opts.maxOutputBytes - seen[which];
+        if (room <= 0) {
+          if (!truncated) {
+            truncated = true;
+            stop();
+          }
+          return;
+        }
+        const part = chunk.length > room ? chunk.subarray(0, room) : chunk;
+        seen[which] += part.length;
+        if (!opts.discard) (which === 'out' ? out : err).push(part);
+        opts.onOutput?.(which, part);
+        if (chunk.length > room) {
+          truncated = true;
+          stop();
+        }
+      };
+      const finish = (status: number) => {
+        if (done) return;
+        done = true;
+        clearTimeout(timer);
+        clearTimeout(grace);
+        opts.signal?.removeEventListener('abort', stop);
+        let exitCode: number;
+        let signal: string | undefined;
+        if (status < 0) exitCode = 137;
+        else if ((status & 0x7f) === 0) exitCode = (status >> 8) & 0xff;
+        else {
+          const n = status & 0x7f;
+          exitCode = 128 + n;
+          signal = Object.entries(osConstants.signals).find(([, v]) => v === n)?.[0];
+        }
+        const o: ExecOutcome = { exitCode, stdout: Buffer.concat(out), stderr: Buffer.concat(err), durationMs: Math.round((performance.now() - started) * 1000) / 1000, truncated, timedOut };
+        if (signal) o.signal = signal;
+        if (noSpace) o.noSpace = true;
+        o.verdict = noSpace && exitCode !== 0 ? 'DISK_LIMIT' : timedOut ? 'TIMEOUT' : truncated ? 'OUTPUT_LIMIT' : opts.signal?.aborted ? (opts.signal.reason === EXEC_KILLED ? 'KILLED' : 'CANCELLED') : 'OK';
+        resolve(o);
+      };
+      let xid = 0;
+      function stop() {
+        if (done) return;
+        vm.agent.kill(xid);
+        // A guest that no longer answers must not hold the exec: give up after a grace period.
+        grace ??= setTimeout(() => {
+          vm.agent.forget(xid);
+          finish(-1);
+        }, PIPE_GRACE_MS);
+      }
+      xid = vm.agent.exec(opts.cmd, env, opts.cwd ?? vm.cwd, { out: (c) => take('out', c), err: (c) => take('err', c), exit: finish });
+      const stdin = opts.stdin ? Buffer.from(opts.stdin) : Buffer.alloc(0);
+      for (let i = 0; i < stdin.length; i += 64 * 1024) vm.agent.stdin(xid, stdin.subarray(i, i + 64 * 1024));
+      vm.agent.stdin(xid, Buffer.alloc(0));
+      const timer = setTimeout(() => {
+        timedOut = true;
+        stop();
+      }, opts.timeoutMs);
+      if (opts.signal?.aborted) stop();
+      else opts.signal?.addEventListener('abort', stop, { once: true });
+    });
+  }
+
+  files(id: string): SandboxFiles {
+    const req = async (type: number, path: string, ...parts: Buffer[]) => {
+      const vm = this.running(id);
+      const r = await vm.agent.request(type, ...parts);
+      if (r.err) throw guestError(r.err, path);
+      return r.data;
+    };
+    const z = (s: string) => Buffer.from(`${s}\0`);
+    return {
+      read: async (path, offset = 0, length = Limits.files.chunkMax) => {
+        const h = Buffer.alloc(12);
+        h.writeBigUInt64LE(BigInt(offset), 0);
+        h.writeUInt32LE(Math.min(length, Limits.files.chunkMax), 8);
+        const d = await req(T.FREAD, path, h, z(path));
+        const size = Number(d.readBigUInt64LE(0));
+        const data = d.subarray(8);
+        return { data, size, eof: offset + data.length >= size };
+      },
+      write: async (path, data, opts = {}) => {
+        if (data.length > Limits.files.chunkMax) throw new ProtocolError('PAYLOAD_TOO_LARGE', `write chunk larger than ${Limits.files.chunkMax} bytes`);
+        const h = Buffer.alloc(16);
+        h.writeBigUInt64LE(opts.offset === undefined ? 0xffffffffffffffffn : BigInt(opts.offset), 0);
+        h.writeUInt32LE(opts.mode === undefined ? 0xffffffff : opts.mode & 0o7777, 8);
+        const p = z(path);
+        h.writeUInt32LE(p.length, 12);
+        const d = await req(T.FWRITE, path, h, p, Buffer.from(data));
+        return { size: Number(d.readBigUInt64LE(0)) };
+      },
+      list: async (path) => {
+        const d = await req(T.FLIST, path, z(path));
+        const entries: FileEntry[] = [];
+        for (let at = 0; at + 23 <= d.length; ) {
+          const t = String.fromCharCode(d[at]!);
+          const nl = d.readUInt16LE(at + 21);
+          const raw = d.subarray(at + 23, at + 23 + nl);
+          const e: FileEntry = { name: raw.toString('utf8'), type: t === 'f' ? 'file' : t === 'd' ? 'dir' : t === 'l' ? 'symlink' : 'other', size: Number(d.readBigUInt64LE(at + 5)), mode: d.readUInt32LE(at + 1), mtimeMs: Number(d.readBigUInt64LE(at + 13)) };
+          if (!Buffer.from(e.name).equals(raw)) e.nameBytes = new Uint8Array(raw);
+          entries.push(e);
+          at += 23 + nl;
+        }
+        return entries.sort((a, b) => Buffer.compare(Buffer.from(a.name), Buffer.from(b.name)));
+      },
+      remove: async (path, recursive) => {
+        await req(T.FREMOVE, path, Buffer.from([recursive ? 1 : 0]), z(path));
+      },
+    };
+  }
+
+  async pause(id: string): Promise<void> {
+    await this.running(id).vmm.qmp.cmd('stop');
+  }
+
+  async resume(id: string): Promise<void> {
+    await this.running(id).vmm.qmp.cmd('cont');
+  }
+
+  /** Writes the whole state of a running VM to `file`; the VM is left stopped. */
+  private async save(vm: Vm & { vmm: Vmm }, file: string): Promise<number> {
+    const q = vm.vmm.qmp;
+    await q.cmd('stop');
+    await q.cmd('migrate-set-parameters', { 'max-bandwidth': 64 * 1024 * 1024 * 1024 });
+    await q.cmd('migrate', { uri: `exec:cat > ${file}` });
+    await q.migrated();
+    return (await stat(file)).size;
+  }
+
+  async hibernate(id: string): Promise<HibernateOutcome> {
+    const vm = this.running(id);
+    const file = join(vm.dir, 'state');
+    let bytes: number;
+    try {
+      bytes = await this.save(vm, file);
+    } catch (e) {
+      await vm.vmm.qmp.cmd('cont').catch(() => {});
+      await rm(file, { force: true });
+      throw e;
+    }
+    const rss = rssOf(vm.vmm.proc.pid);
+    const v: Vm = vm;
+    v.hibernated = file;
+    vm.agent.close();
+    v.agent = undefined;
+    await vm.vmm.qmp.cmd('quit').catch(() => {});
+    await this.stopVmm(vm.vmm);
+    v.vmm = undefined;
+    for (const f of ['qmp.sock', 'agent.sock', 'qemu.pid']) await rm(join(vm.dir, f), { force: true });
+    return { snapshotBytes: bytes, releasedBytes: rss };
+  }
+
+  async restore(id: string): Promise<void> {
+    const vm = this.get(id);
+    if (!vm.hibernated) throw new ProtocolError('INVALID_STATE', `sandbox ${id} is not hibernated`);
+    const state = vm.hibernated;
+    const vmm = await this.startClone(vm.tmpl, vm.dir);
+    try {
+      vm.hibernated = undefined;
+      await this.incoming(vm, vmm, state);
+    } catch (e) {
+      vm.hibernated = state;
+      vm.agent?.close();
+      vm.agent = undefined;
+      vm.vmm = undefined;
+      await this.stopVmm(vmm);
+      throw e;
+    }
+    await rm(state, { force: true });
+  }
+
+  async stats(id: string): Promise<SandboxStats> {
+    const vm = this.get(id);
+    const pid = vm.vmm?.proc.pid;
+    if (!pid) return { memoryBytes: 0, cpuSec: 0 };
+    const s: SandboxStats = { memoryBytes: rssOf(pid) };
+    const st = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]?.split(' ');
+    if (st) s.cpuSec = (Number(st[11]) + Number(st[12])) / 100;
+    return s;
+  }
+
+  async destroy(id: string): Promise<void> {
+    const vm = this.vms.get(id);
+    if (!vm) return;
+    vm.agent?.close();
+    await this.stopVmm(vm.vmm);
+    if (vm.dir) await rm(vm.dir, { recursive: true, force: true });
+    for (const r of vm.tmpl?.refs ?? []) this.o.layers.releaseFile(r);
+    this.vms.delete(id);
+  }
+
+  // ─── Snapshotting ─────────────────────────────────────────────────────────────────────────
+
+  async snapshot(id: string): Promise<{ snapshot: string; bytes: number }> {
+    const vm = this.running(id);
+    const name = `${id}-${Date.now().toString(36)}${randomBytes(3).toString('hex')}`;
+    const file = join(this.root, 'snapshots', `${name}.state`);
+    let bytes: number;
+    try {
+      bytes = await this.save(vm, file);
+      await writeFile(join(this.root, 'snapshots', `${name}.json`), JSON.stringify({ template: vm.tmpl.key, from: id }));
+    } finally {
+      await vm.vmm.qmp.cmd('cont').catch(() => {});
+    }
+    return { snapshot: name, bytes };
+  }
+
+  async restoreFrom(snapshot: string, newId: string, spec: SandboxSpec): Promise<void> {
+    if (!/^[A-Za-z0-9._-]+$/.test(snapshot)) throw new ProtocolError('INVALID_REQUEST', `snapshot: bad name '${snapshot}'`);
+    const meta = await readFile(join(this.root, 'snapshots', `${snapshot}.json`), 'utf8').catch(() => {
+      throw new ProtocolError('NOT_FOUND', `no snapshot ${snapshot}`);
+    });
+    const { template } = JSON.parse(meta) as { template: string };
+    const tmpl = await [...this.templates.values()].reduce<Promise<Template | undefined>>(async (acc, t) => (await acc) ?? (await t.then((x) => (x.key === template ? x : undefined), () => undefined)), Promise.resolve(undefined));
+    if (!tmpl) throw new ProtocolError('NOT_FOUND', `snapshot ${snapshot}: its template is gone`);
+    await this.create(newId, spec, { state: join(this.root, 'snapshots', `${snapshot}.state`), tmpl });
+  }
+
+  async fork(id: string, newId: string, spec: SandboxSpec): Promise<void> {
+    const { snapshot } = await this.snapshot(id);
+    try {
+      await this.restoreFrom(snapshot, newId, spec);
+    } finally {
+      await this.deleteSnapshot(snapshot);
+    }
+  }
+
+  async deleteSnapshot(name: string): Promise<void> {
+    if (!/^[A-Za-z0-9._-]+$/.test(name)) return;
+    await rm(join(this.root, 'snapshots', `${name}.state`), { force: true });
+    await rm(join(this.root, 'snapshots', `${name}.json`), { force: true });
+  }
+
+  // ─── node lifecycle ───────────────────────────────────────────────────────────────────────
+
+  async recover(): Promise<string[]> {
+    const ids: string[] = [];
+    const vmsDir = join(this.root, 'vms');
+    for (const d of await readdir(vmsDir).catch(() => [] as string[])) {
+      const dir = join(vmsDir, d);
+      if ([...this.vms.values()].some((v) => v.dir === dir)) continue;
+      const meta = await readFile(join(dir, 'meta.json'), 'utf8').then((t) => JSON.parse(t) as { id: string }, () => null);
+      const pid = Number((await readFile(join(dir, 'qemu.pid'), 'utf8').catch(() => '')).trim());
+      if (pid > 0 && alive(pid)) {
+        const cmd = await readFile(`/proc/${pid}/cmdline`, 'utf8').catch(() => '');
+        if (cmd.includes(dir)) {
+          process.kill(pid, 'SIGKILL');
+          for (let i = 0; i < 200 && alive(pid); i++) await new Promise((r) => setTimeout(r, 10));
+        }
+      }
+      await rm(dir, { recursive: true, force: true });
+      if (meta?.id) ids.push(meta.id);
+    }
+    // Templates whose boot was cut short.
+    for (const d of await readdir(join(this.root, 'templates')).catch(() => [] as string[])) {
+      if (d.includes('.tmp-')) await rm(join(this.root, 'templates', d), { recursive: true, force: true });
+    }
+    return ids;
+  }
+
+  async close(): Promise<void> {
+    const spares = [...this.spare.values()].flat();
+    this.spare.clear();
+    await Promise.all(
+      spares.map(async (p) => {
+        const v = await p.catch(() => undefined);
+        await this.stopVmm(v);
+        if (v) await rm(v.dir, { recursive: true, force: true });
+      }),
+    );
+    await Promise.all([...this.vms.keys()].map((id) => this.destroy(id)));
+  }
+}
+
+function lastLines(file: string): string {
+  try {
+    return readFileSync(file, 'utf8').trim().split('\n').slice(-3).join(' | ');
+  } catch {
+    return '';
+  }
+}
+
+function rssOf(pid: number | undefined): number {
+  if (!pid) return 0;
+  try {
+    const m = /^VmRSS:\s+(\d+)/m.exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
+    return m ? Number(m[1]) * 1024 : 0;
+  } catch {
+    return 0;
+  }
+}
+
+function withTimeout<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
+  let t: NodeJS.Timeout;
+  return Promise.race([p, new Promise<never>((_, reject) => (t = setTimeout(() => reject(new ProtocolError('BACKEND_FAILED', `microvm: ${what} within ${ms} ms`)), ms)))]).finally(() => clearTimeout(t));
+}
