@@ -338,11 +338,16 @@ export class MicrovmBackend implements Backend, Snapshotting {
     const vm: Vm = { id, dir: '', tmpl: undefined as unknown as Template, env, cwd: spec.cwd ?? (image.cwd || '/'), seq: 0 };
     this.vms.set(id, vm);
     try {
+      const t0 = performance.now();
       vm.tmpl = from?.tmpl ?? (await this.template(shape, refs));
+      const t1 = performance.now();
       const vmm = await this.takeVmm(vm.tmpl);
+      const t2 = performance.now();
       vm.dir = vmm.dir;
       await writeFile(join(vmm.dir, 'meta.json'), JSON.stringify({ id, template: vm.tmpl.key }));
       await this.incoming(vm, vmm, from?.state ?? join(vm.tmpl.dir, 'dev'));
+      const ms = (a: number, b: number) => Math.round(b - a);
+      this.o.log?.debug({ id, templateMs: ms(t0, t1), vmmMs: ms(t1, t2), loadMs: ms(t2, performance.now()) }, 'microvm started');
     } catch (e) {
       await this.destroy(id);
       throw e;
