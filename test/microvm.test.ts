@@ -5,8 +5,15 @@
  */
 import { execFileSync } from 'node:child_process';
 import { existsSync, readdirSync } from 'node:fs';
+import { mkdtemp, readdir, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import anyTest, { type TestFn } from 'ava';
-import { type ClusterContext, startTestCluster, stopTestCluster } from './helpers/cluster.ts';
+import { validateSpec } from '../protocol/index.ts';
+import type { LayerManager } from '../runtime/images/layers.ts';
+import { hexOf, ImageStore, type LayerRef } from '../runtime/images/store.ts';
+import { MicrovmBackend } from '../runtime/microvm/index.ts';
+import { type ClusterContext, SHARED_IMAGES, startTestCluster, stopTestCluster } from './helpers/cluster.ts';
 
 const missing = [
   process.getuid?.() === 0 ? '' : 'root',
@@ -83,4 +90,38 @@ test('a timeout ends the exec with a verdict and kills its process tree; destroy
   const n = qemuPids(t.context.home).length;
   t.is((await sb.kill()).state, 'stopped');
   t.is(qemuPids(t.context.home).length, n - 1);
+});
+
+/**
+ * The backend's Snapshotting capability, below the node (no SDK verb reaches it yet): a fork starts
+ * as a copy of the running VM, then each goes its own way.
+ */
+test('fork: a copy of a running VM, its files and processes, that then goes its own way', async (t) => {
+  const store = new ImageStore(SHARED_IMAGES);
+  await store.init();
+  const image = await store.get('busybox');
+  if (!image) throw new Error('no busybox image in the shared store');
+  const layerFile = (ref: LayerRef) => join(SHARED_IMAGES, 'blobs', 'sha256', `${hexOf(ref.digest)}.erofs`);
+  const layers = { acquireFile: async (ref: LayerRef) => layerFile(ref), releaseFile: () => {} } as unknown as LayerManager;
+  const nodeDir = await mkdtemp(join(tmpdir(), 'paddock-microvm-'));
+  const b = new MicrovmBackend({ nodeDir, nodeId: `fork${process.pid}`, binDir: process.env.PADDOCK_BIN_DIR || '/var/cache/paddock/bin', layers, resolve: async () => image, spares: 0 });
+  t.teardown(async () => {
+    await b.close();
+    await rm(nodeDir, { recursive: true, force: true });
+  });
+  await b.init();
+  const spec = validateSpec({ memoryMiB: 256 });
+  await b.create('parent', spec);
+  const run = async (id: string, cmd: string) => (await b.exec(id, { cmd: ['sh', '-c', cmd], timeoutMs: 30_000, maxOutputBytes: 65536 })).stdout.toString();
+  await run('parent', 'echo before > /tmp/f; sleep 1000 >/dev/null 2>&1 & echo $! > /tmp/pid');
+  await b.fork('parent', 'child', spec);
+  t.is(await run('child', 'cat /tmp/f; kill -0 $(cat /tmp/pid) && echo alive'), 'before\nalive\n');
+  await run('child', 'echo child > /tmp/f');
+  t.is(await run('parent', 'cat /tmp/f'), 'before\n');
+  t.not(await run('child', 'hostname'), await run('parent', 'hostname'));
+  await b.destroy('child');
+  await b.destroy('parent');
+  t.deepEqual(qemuPids(nodeDir), []);
+  t.deepEqual(await readdir(join(nodeDir, 'microvm', 'vms')), []);
+  t.deepEqual(await readdir(join(nodeDir, 'microvm', 'snapshots')), []);
 });

@@ -141,7 +141,8 @@ async function main(): Promise<void> {
 
     progress('hibernate / restore of a 512 MiB VM with a warm process and 64 MiB written');
     const big = await make({ backend: 'microvm', memoryMiB: 512, diskMiB: 128 });
-    await big.exec(['sh', '-c', 'head -c 67108864 /dev/urandom > /tmp/blob; sleep 100000 >/dev/null 2>&1 &']);
+    const warm = await big.exec(['sh', '-c', 'head -c 67108864 /dev/zero | tr "\\0" x > /tmp/blob; sleep 100000 >/dev/null 2>&1 & echo $! > /tmp/warm'], { timeoutMs: 120_000 });
+    if (warm.exitCode !== 0) throw new Error(`the warm process did not start: ${warm.stderr}`);
     t0 = performance.now();
     await big.hibernate();
     const hibernateMs = ms(t0);
@@ -157,7 +158,7 @@ async function main(): Promise<void> {
     await big.restore();
     await big.exec(['true']);
     const restoreMs = ms(t0);
-    const alive = (await big.exec(['sh', '-c', 'pgrep sleep >/dev/null && echo yes'])).stdout.trim() === 'yes';
+    const alive = (await big.exec(['sh', '-c', 'kill -0 $(cat /tmp/warm) && echo yes'])).stdout.trim() === 'yes';
 
     const st = summarize(starts);
     const rows: [string, string, string][] = [
