@@ -71,6 +71,8 @@ interface Vmm {
   proc: ChildProcess;
   qmp: Qmp;
   exited: Promise<void>;
+  /** Its template's device state is loaded already (a spare): `cont` is all it needs. */
+  loaded?: boolean;
 }
 
 interface Vm {
@@ -274,13 +276,27 @@ export class MicrovmBackend implements Backend, Snapshotting {
     });
   }
 
+  /** A spare: started and its template's state loaded, paused until a create takes it. */
+  private async startSpare(tmpl: Template): Promise<Vmm> {
+    const v = await this.startClone(tmpl);
+    try {
+      await this.load(v, join(tmpl.dir, 'dev'));
+    } catch (e) {
+      await this.stopVmm(v);
+      await rm(v.dir, { recursive: true, force: true });
+      throw e;
+    }
+    v.loaded = true;
+    return v;
+  }
+
   private takeVmm(tmpl: Template): Promise<Vmm> {
     const want = this.o.spares ?? 1;
     const pool = this.spare.get(tmpl.key) ?? [];
     this.spare.set(tmpl.key, pool);
     const got = pool.shift() ?? this.startClone(tmpl);
     while (pool.length < want) {
-      const p = this.startClone(tmpl);
+      const p = this.startSpare(tmpl);
       p.catch(() => {});
       pool.push(p);
     }
@@ -298,7 +314,7 @@ export class MicrovmBackend implements Backend, Snapshotting {
   }
 
   /** Brings `vm` up from `state` (template device state or a full snapshot) in a waiting VMM. */
-  private async incoming(vm: Vm, vmm: Vmm, state: string): Promise<void> {
+  private async load(vmm: Vmm, state: string): Promise<void> {
     try {
       await vmm.qmp.cmd('migrate-incoming', { uri: `exec:cat ${state}` });
       await vmm.qmp.migrated(true);
@@ -306,6 +322,10 @@ export class MicrovmBackend implements Backend, Snapshotting {
       await Promise.race([vmm.exited, new Promise((r) => setTimeout(r, 500))]);
       throw new ProtocolError('BACKEND_FAILED', `microvm: loading ${state} failed: ${(e as Error).message}: ${lastLines(join(vmm.dir, 'qemu.err'))}`);
     }
+  }
+
+  private async incoming(vm: Vm, vmm: Vmm, state: string): Promise<void> {
+    if (!vmm.loaded) await this.load(vmm, state);
     const agent = await AgentChannel.open(join(vmm.dir, 'agent.sock'));
     agent.onBroken = (why) => {
       if (vm.vmm === vmm && !vm.hibernated) {
@@ -341,7 +361,8 @@ export class MicrovmBackend implements Backend, Snapshotting {
       const t0 = performance.now();
       vm.tmpl = from?.tmpl ?? (await this.template(shape, refs));
       const t1 = performance.now();
-      const vmm = await this.takeVmm(vm.tmpl);
+      // From a snapshot: a VMM of its own (spares hold their template's state, not the snapshot's).
+      const vmm = await (from ? this.startClone(vm.tmpl) : this.takeVmm(vm.tmpl));
       const t2 = performance.now();
       vm.dir = vmm.dir;
       await writeFile(join(vmm.dir, 'meta.json'), JSON.stringify({ id, template: vm.tmpl.key }));
