@@ -6,12 +6,14 @@
 import { execFileSync } from 'node:child_process';
 import { existsSync, readdirSync } from 'node:fs';
 import { mkdtemp, readdir, rm } from 'node:fs/promises';
+import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import anyTest, { type TestFn } from 'ava';
 import { validateSpec } from '../protocol/index.ts';
 import type { LayerManager } from '../runtime/images/layers.ts';
 import { hexOf, ImageStore, type LayerRef } from '../runtime/images/store.ts';
+import { AgentChannel, T } from '../runtime/microvm/channel.ts';
 import { MicrovmBackend } from '../runtime/microvm/index.ts';
 import { type ClusterContext, SHARED_IMAGES, startTestCluster, stopTestCluster } from './helpers/cluster.ts';
 
@@ -124,4 +126,27 @@ test('fork: a copy of a running VM, its files and processes, that then goes its 
   t.deepEqual(qemuPids(nodeDir), []);
   t.deepEqual(await readdir(join(nodeDir, 'microvm', 'vms')), []);
   t.deepEqual(await readdir(join(nodeDir, 'microvm', 'snapshots')), []);
+});
+
+/** The host side trusts nothing the guest sends: a frame out of bounds or of no known kind cuts the channel, the node serves on. */
+ctxTest('the agent channel cuts off a guest that sends an oversized frame or one of an unknown type', async (t) => {
+  const dir = await mkdtemp(join(tmpdir(), 'paddock-agent-'));
+  t.teardown(() => rm(dir, { recursive: true, force: true }));
+  for (const [name, frame] of [
+    ['oversized', Buffer.from([0xff, 0xff, 0xff, 0x7f, 101, 0, 0, 0, 1, 0, 0, 0])],
+    ['unknown type', Buffer.from([0, 0, 0, 0, 77, 0, 0, 0, 1, 0, 0, 0])],
+    ['unasked reply', Buffer.from([4, 0, 0, 0, 104, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0])],
+  ] as const) {
+    const path = join(dir, `${name.replace(/ /g, '-')}.sock`);
+    const server = createServer((s) => s.write(frame));
+    await new Promise<void>((r) => server.listen(path, r));
+    const ch = await AgentChannel.open(path);
+    const broken = await new Promise<string>((r) => {
+      ch.onBroken = r;
+    });
+    t.regex(broken, /the guest sent/, name);
+    await t.throwsAsync(ch.request(T.PING), { message: /the guest sent/ }, name);
+    ch.close();
+    await new Promise((r) => server.close(r));
+  }
 });
