@@ -31,6 +31,10 @@ command -v git >/dev/null 2>&1 || need+=(git)
 # Hardened sandboxes: idmapped layer mounts (runtime/container/idmap.py), the per-node lxcfs that
 # shows each sandbox its own memory and CPUs, and nft for per-sandbox egress policies.
 command -v python3 >/dev/null 2>&1 || need+=(python3)
+# The Python client's tests run Debian's own python3 (a pyenv shim on PATH may be another one).
+[ -x /usr/bin/python3 ] || need+=(python3)
+# The dashboard's browser test drives Debian's Chromium (playwright-core brings no browser).
+[ -x /usr/bin/chromium ] || need+=(chromium)
 command -v lxcfs >/dev/null 2>&1 || need+=(lxcfs)
 [ -x /usr/sbin/nft ] || need+=(nftables)  # not `command -v`: under npm, node_modules/.bin/nft (@vercel/nft) shadows it
 # MicroVMs: QEMU's microvm machine, Debian's cloud kernel for the guests (runtime/microvm/kernel.ts

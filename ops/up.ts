@@ -16,6 +16,7 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { DEFAULT_HOME, logsDir, natsUrlFile, upPidFile } from '../protocol/discovery.ts';
 import { sanitizeId } from '../runtime/config.ts';
+import { type RunningGateway, startUpGateway } from './gateway/index.ts';
 import { type NodeProcess, startNode } from './local.ts';
 import { type EmbeddedNats, startNats } from './nats.ts';
 
@@ -103,6 +104,7 @@ export async function up(o: { nats?: string; say: (s: string) => void; show: (s:
 
   let nats: EmbeddedNats | undefined;
   let node: NodeProcess | undefined;
+  let gateway: RunningGateway | undefined;
   let starting: Promise<NodeProcess> | undefined;
   let wroteUrl: string | undefined;
   let wrotePid = false;
@@ -116,6 +118,7 @@ export async function up(o: { nats?: string; say: (s: string) => void; show: (s:
     // startNode hands out no process until the node is ready: wait for it, then stop it, so a
     // stop during the first start (busybox layer build) leaves no node behind.
     if (!node && starting !== undefined) node = await starting.catch(() => undefined);
+    await gateway?.close().catch(() => {});
     await node?.stop();
     await nats?.stop();
     if (wroteUrl !== undefined) await removeIfOurs(urlFile, (s) => s.trim() === wroteUrl);
@@ -168,6 +171,7 @@ export async function up(o: { nats?: string; say: (s: string) => void; show: (s:
     const nd = node;
     void nd.exited.then((c) => shutdown(`node ${nd.id} exited with code ${c}; see ${nd.logFile ?? 'its log'}`, 1));
     if (stopping) return await finished;
+    gateway = await startUpGateway(natsUrl, o.say);
     await writeAtomic(pidFile, `${JSON.stringify(record({ nats: natsUrl, ...(nats?.proc.pid ? { natsPid: nats.proc.pid } : {}), ...(nd.proc.pid ? { nodePid: nd.proc.pid } : {}) }))}\n`);
     o.show(banner({ root: fileURLToPath(new URL(import.meta.url.endsWith('.js') ? '../../' : '../', import.meta.url)).replace(/\/$/, ''), natsUrl, embedded: nats !== undefined, home, nodeId, logs, urlFile, placement: process.env.PADDOCK_PLACEMENT !== '0' }));
     return await finished;

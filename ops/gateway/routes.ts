@@ -1,0 +1,140 @@
+/**
+ * Every route of the gateway, once: the server registers these and the OpenAPI document is made
+ * from them, with request and reply bodies named after the protocol's messages (protocol/schema.ts).
+ */
+
+export interface Param {
+  name: string;
+  in: 'path' | 'query' | 'header';
+  description: string;
+  required?: boolean;
+  /** A JSON Schema type for the parameter (default string). */
+  schema?: Record<string, unknown>;
+}
+
+export interface Route {
+  operationId: string;
+  method: 'GET' | 'POST' | 'PUT' | 'DELETE';
+  /** OpenAPI style: `{id}`. */
+  path: string;
+  summary: string;
+  tag: string;
+  params?: Param[];
+  /** A message of protocol/schema.ts, or one of the gateway's own bodies (GatewaySchemas in openapi.ts). */
+  request?: string;
+  /** Likewise; `raw` for bytes, `jsonl` for JSON lines, `sse` for an event stream, `none` for 204. */
+  reply: string;
+  /** Status of a success (default 200). */
+  status?: number;
+  /** The body is bytes, read as a stream (file uploads). */
+  rawBody?: boolean;
+  /** Served without an API key (the dashboard's static files, health). */
+  public?: boolean;
+  /** Also answers `Accept: text/event-stream` with this event stream. */
+  sse?: string;
+}
+
+const id: Param = { name: 'id', in: 'path', description: 'the sandbox id', required: true };
+const rolloutId: Param = { name: 'rolloutId', in: 'path', description: 'the rollout id', required: true };
+const filePath: Param = { name: 'path', in: 'query', description: 'an absolute path inside the sandbox', required: true };
+const lifecycle = (verb: string, summary: string): Route => ({ operationId: `${verb}Sandbox`, method: 'POST', path: `/v1/sandboxes/{id}/${verb}`, summary, tag: 'sandboxes', params: [id], reply: 'SandboxInfo' });
+
+export const Routes: Route[] = [
+  { operationId: 'createSandbox', method: 'POST', path: '/v1/sandboxes', summary: 'Create a sandbox; answers once it runs', tag: 'sandboxes', request: 'SandboxSpec', reply: 'SandboxInfo', status: 201 },
+  {
+    operationId: 'listSandboxes',
+    method: 'GET',
+    path: '/v1/sandboxes',
+    summary: 'Sandboxes from the directory, oldest first',
+    tag: 'sandboxes',
+    params: [
+      { name: 'label', in: 'query', description: '`key=value`; repeat (or separate by commas) for several, all must match' },
+      { name: 'group', in: 'query', description: 'only this training job' },
+      { name: 'state', in: 'query', description: 'only these states, comma-separated' },
+      { name: 'node', in: 'query', description: 'only sandboxes on this node' },
+      { name: 'backend', in: 'query', description: 'only this backend kind' },
+      { name: 'all', in: 'query', description: '`1`: include ended and sleeping sandboxes', schema: { type: 'boolean' } },
+    ],
+    reply: 'SandboxList',
+  },
+  { operationId: 'getSandbox', method: 'GET', path: '/v1/sandboxes/{id}', summary: "A sandbox's record (ended ones too, while the directory keeps them)", tag: 'sandboxes', params: [id], reply: 'SandboxInfo' },
+  { operationId: 'killSandbox', method: 'DELETE', path: '/v1/sandboxes/{id}', summary: 'Kill a sandbox and wait until it is gone', tag: 'sandboxes', params: [id], reply: 'SandboxInfo' },
+  {
+    operationId: 'execSandbox',
+    method: 'POST',
+    path: '/v1/sandboxes/{id}/exec',
+    summary: 'Run a command to completion (JSON), or stream its output (Accept: text/event-stream; closing the connection kills it)',
+    tag: 'sandboxes',
+    params: [id, { name: 'encoding', in: 'query', description: 'streams only: `base64` sends output bytes as `data` (base64) instead of `text`' }],
+    request: 'HttpExecRequest',
+    reply: 'HttpExecResult',
+    sse: 'ExecEvents',
+  },
+  lifecycle('pause', 'Freeze every process; state, memory and files are kept'),
+  lifecycle('resume', 'Resume a paused or hibernated sandbox'),
+  lifecycle('hibernate', 'Freeze and give memory back to the node'),
+  lifecycle('restore', 'Wake a hibernated sandbox'),
+  { operationId: 'setNetwork', method: 'POST', path: '/v1/sandboxes/{id}/network', summary: 'Replace the egress policy', tag: 'sandboxes', params: [id], request: 'NetworkSetRequest', reply: 'NetworkSetReply' },
+  { operationId: 'sandboxStats', method: 'GET', path: '/v1/sandboxes/{id}/stats', summary: 'What the sandbox uses now', tag: 'sandboxes', params: [id], reply: 'SandboxStats' },
+  {
+    operationId: 'readFile',
+    method: 'GET',
+    path: '/v1/sandboxes/{id}/files',
+    summary: "A file's bytes; `Range: bytes=a-b` answers 206 with that part",
+    tag: 'files',
+    params: [id, filePath, { name: 'Range', in: 'header', description: 'bytes=start-end, bytes=start-, or bytes=-suffix' }],
+    reply: 'raw',
+  },
+  {
+    operationId: 'writeFile',
+    method: 'PUT',
+    path: '/v1/sandboxes/{id}/files',
+    summary: 'Replace (or create) a file with the body, of any size; parent directories are made',
+    tag: 'files',
+    params: [id, filePath, { name: 'mode', in: 'query', description: 'file mode (e.g. 493 for 0755)', schema: { type: 'integer' } }],
+    request: 'raw',
+    reply: 'HttpWriteReply',
+    rawBody: true,
+  },
+  { operationId: 'removeFile', method: 'DELETE', path: '/v1/sandboxes/{id}/files', summary: 'Remove a file (a directory with `recursive=1`)', tag: 'files', params: [id, filePath, { name: 'recursive', in: 'query', description: '`1`: remove a directory and all in it', schema: { type: 'boolean' } }], reply: 'none', status: 204 },
+  { operationId: 'listFiles', method: 'GET', path: '/v1/sandboxes/{id}/files/list', summary: 'The entries of a directory', tag: 'files', params: [id, filePath], reply: 'FilesListReply' },
+  {
+    operationId: 'groupVerb',
+    method: 'POST',
+    path: '/v1/groups/{group}/{verb}',
+    summary: 'pause, resume, hibernate, restore or kill every sandbox of a training job, on every node',
+    tag: 'groups',
+    params: [
+      { name: 'group', in: 'path', description: 'the training job', required: true },
+      { name: 'verb', in: 'path', description: 'pause, resume, hibernate, restore or kill', required: true, schema: { type: 'string', enum: ['pause', 'resume', 'hibernate', 'restore', 'kill'] } },
+    ],
+    reply: 'GroupReply',
+  },
+  { operationId: 'startRollout', method: 'POST', path: '/v1/rollouts', summary: 'Create a sandbox and a rollout on it (exec with `rolloutId` and `step` records steps)', tag: 'rollouts', request: 'RolloutsStartRequest', reply: 'HttpRolloutView', status: 201 },
+  { operationId: 'getRollout', method: 'GET', path: '/v1/rollouts/{rolloutId}', summary: "The rollout's record", tag: 'rollouts', params: [rolloutId], reply: 'RolloutRecord' },
+  { operationId: 'attachRollout', method: 'POST', path: '/v1/rollouts/{rolloutId}/attach', summary: "The rollout's sandbox and last recorded step, to replay from step 0", tag: 'rollouts', params: [rolloutId], reply: 'HttpRolloutView' },
+  { operationId: 'exportRollout', method: 'GET', path: '/v1/rollouts/{rolloutId}/export', summary: 'The trajectory as JSON lines, one per step', tag: 'rollouts', params: [rolloutId], reply: 'jsonl' },
+  { operationId: 'deleteRollout', method: 'DELETE', path: '/v1/rollouts/{rolloutId}', summary: 'Delete the rollout and its log (`kill=1`: its sandbox too)', tag: 'rollouts', params: [rolloutId, { name: 'kill', in: 'query', description: '`1`: kill its sandbox too', schema: { type: 'boolean' } }], reply: 'none', status: 204 },
+  { operationId: 'fnInvoke', method: 'POST', path: '/v1/fn/invoke', summary: 'A one-shot invocation (FnCall): program, stdin or tests, limits in; a judge verdict out', tag: 'fn', params: [{ name: 'retryBusy', in: 'query', description: '`1`: wait and retry while the nodes are busy', schema: { type: 'boolean' } }], request: 'FnInvokeRequest', reply: 'FnInvokeResult' },
+  { operationId: 'listNodes', method: 'GET', path: '/v1/nodes', summary: 'Heartbeat records of the nodes', tag: 'nodes', reply: 'NodeList' },
+  { operationId: 'getNode', method: 'GET', path: '/v1/nodes/{node}', summary: 'What a node reports about itself', tag: 'nodes', params: [{ name: 'node', in: 'path', description: 'the node id', required: true }], reply: 'NodeInfo' },
+  {
+    operationId: 'events',
+    method: 'GET',
+    path: '/v1/events',
+    summary: 'Lifecycle events as Server-Sent Events (`event: sandbox`, the record after each transition), filtered',
+    tag: 'events',
+    params: [
+      { name: 'id', in: 'query', description: 'one sandbox only' },
+      { name: 'group', in: 'query', description: 'one training job only' },
+      { name: 'node', in: 'query', description: 'one node only' },
+      { name: 'state', in: 'query', description: 'only these states, comma-separated' },
+      { name: 'label', in: 'query', description: '`key=value`, repeatable' },
+    ],
+    reply: 'sse',
+    sse: 'SandboxEvents',
+  },
+  { operationId: 'openapi', method: 'GET', path: '/v1/openapi.json', summary: 'This document', tag: 'meta', reply: 'json', public: true },
+  { operationId: 'metrics', method: 'GET', path: '/metrics', summary: "The gateway's Prometheus metrics", tag: 'meta', reply: 'prometheus' },
+  { operationId: 'health', method: 'GET', path: '/healthz', summary: 'The gateway process answers', tag: 'meta', reply: 'json', public: true },
+];
