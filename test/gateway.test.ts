@@ -24,10 +24,11 @@ test.after.always(async () => {
 });
 
 const json = (body: unknown) => ({ method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
+// biome-ignore lint/suspicious/noExplicitAny: a test reads whatever JSON the route sent
 async function call(path: string, init?: RequestInit): Promise<{ status: number; body: any; res: Response }> {
   const res = await fetch(`${gw.url}${path}`, init);
   const text = await res.text();
-  return { status: res.status, body: text && res.headers.get("content-type")?.startsWith("application/json") ? JSON.parse(text) : text, res };
+  return { status: res.status, body: text && res.headers.get('content-type')?.startsWith('application/json') ? JSON.parse(text) : text, res };
 }
 async function create(spec: Record<string, unknown> = {}): Promise<string> {
   const r = await call('/v1/sandboxes', json({ ttlSec: 600, ...spec }));
