@@ -29,6 +29,7 @@ import { FnService } from '../runtime/fncall/service.ts';
 import { NodeImages } from '../runtime/images/node-images.ts';
 import { NS_MARK, nodeCommand } from './launch.ts';
 import { createLogger } from './log.ts';
+import { metricsSpanProcessor, type NodeMetrics, startNodeMetrics } from './metrics.ts';
 import { profileOnSignal, setupTelemetry, shutdownTelemetry } from './telemetry.ts';
 
 /** Killing 3,200 sandboxes takes ~30 s here: a running node gets ten times that to stop. */
@@ -45,6 +46,7 @@ class NodeProcess {
   private fn?: FnHost;
   private host?: NodeHost;
   private placement?: PlacementHost;
+  private metrics?: NodeMetrics;
 
   constructor(
     private readonly cfg: NodeConfig,
@@ -103,11 +105,13 @@ class NodeProcess {
       this.placement = new PlacementHost(nc, nodes, log.child({ part: 'placement' }), inspect);
       await this.placement.start();
     }
+    this.metrics = await startNodeMetrics({ nc, nodes, nodeId: cfg.nodeId, nodeDir: cfg.nodeDir, log });
   }
 
   /** Stops serving; kills every sandbox (nothing is left behind). */
   async stop(): Promise<void> {
     const log = this.log;
+    await this.metrics?.close();
     this.placement?.stop();
     await this.host?.stop();
     // Steps cut short by the kills above still get their results into the log.
@@ -129,7 +133,7 @@ async function main(): Promise<void> {
   }
   const cfg = loadConfig();
   const log = createLogger('paddock-node', cfg.logLevel).child({ node: cfg.nodeId });
-  setupTelemetry('paddock-node', { tracesFile: join(logsDir(cfg.home), `traces-node-${cfg.nodeId}.jsonl`) });
+  setupTelemetry('paddock-node', { tracesFile: join(logsDir(cfg.home), `traces-node-${cfg.nodeId}.jsonl`), processors: [metricsSpanProcessor()] });
   profileOnSignal(`node-${cfg.nodeId}`, log);
   const node = new NodeProcess(cfg, log);
   let stopping = false;

@@ -53,19 +53,22 @@ class JsonLinesSpanExporter implements SpanExporter {
   }
 }
 
-/** `tracesFile`: where PADDOCK_TRACES=file (or console) writes spans. */
-export function setupTelemetry(serviceName: string, o: { mode?: string; tracesFile?: string } = {}): void {
+/**
+ * `tracesFile`: where PADDOCK_TRACES=file (or console) writes spans. `processors` see every span
+ * with or without an exporter (the node's metrics are made from its request spans).
+ */
+export function setupTelemetry(serviceName: string, o: { mode?: string; tracesFile?: string; processors?: SpanProcessor[] } = {}): void {
   const mode = o.mode ?? process.env.PADDOCK_TRACES;
   propagation.setGlobalPropagator(new W3CTraceContextPropagator());
   if (!contextManager) {
     contextManager = new AsyncLocalStorageContextManager().enable();
     context.setGlobalContextManager(contextManager);
   }
-  if (!mode || provider) return;
-  const processors: SpanProcessor[] = [];
+  if ((!mode && !o.processors?.length) || provider) return;
+  const processors: SpanProcessor[] = [...(o.processors ?? [])];
   if (mode === 'file' || mode === 'console') processors.push(new SimpleSpanProcessor(new JsonLinesSpanExporter(o.tracesFile ?? `traces-${serviceName}.jsonl`)));
   else if (mode === 'otlp') processors.push(new BatchSpanProcessor(new OTLPTraceExporter()));
-  else throw new Error(`PADDOCK_TRACES=${mode}: expected file, console (the same) or otlp`);
+  else if (mode) throw new Error(`PADDOCK_TRACES=${mode}: expected file, console (the same) or otlp`);
   provider = new NodeTracerProvider({ resource: resourceFromAttributes({ 'service.name': serviceName }), spanProcessors: processors });
   provider.register({ contextManager });
 }
