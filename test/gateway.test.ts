@@ -1,3 +1,4 @@
+import { request } from 'node:http';
 import { authenticate, loadKeys } from '../ops/gateway/auth.ts';
 import { httpError } from '../ops/gateway/errors.ts';
 import { openApiDocument } from '../ops/gateway/openapi.ts';
@@ -121,12 +122,22 @@ test('files: PUT of any size, GET with ranges, list, DELETE', async (t) => {
   t.is(outside.status, 416);
   t.is(outside.res.headers.get('content-range'), `bytes */${big.length}`);
 
-  // A body with no content type, and an empty one.
+  // A body with no content type at all (as `curl -T` sends it), one of text, and an empty one.
+  const bare = await new Promise<string>((resolve, reject) => {
+    const req = request(`${gw.url}/v1/sandboxes/${id}/files?path=/work/bare`, { method: 'PUT', headers: { 'content-length': '4' } }, (res) => {
+      let b = '';
+      res.on('data', (d) => (b += d));
+      res.on('end', () => resolve(b));
+    });
+    req.on('error', reject);
+    req.end('bare');
+  });
+  t.is(JSON.parse(bare).size, 4);
   t.is((await call(`/v1/sandboxes/${id}/files?path=/work/t.txt`, { method: 'PUT', body: 'hello' })).body.size, 5);
   t.is((await call(`/v1/sandboxes/${id}/files?path=/work/t.txt`)).body, 'hello');
   t.is((await call(`/v1/sandboxes/${id}/files?path=/work/empty`, { method: 'PUT', headers: { 'content-type': 'application/octet-stream' }, body: '' })).body.size, 0);
   const ls = await call(`/v1/sandboxes/${id}/files/list?path=/work`);
-  t.deepEqual(ls.body.entries.map((e: { name: string }) => e.name).sort(), ['big.bin', 'empty', 't.txt']);
+  t.deepEqual(ls.body.entries.map((e: { name: string }) => e.name).sort(), ['bare', 'big.bin', 'empty', 't.txt']);
   t.is((await call(`/v1/sandboxes/${id}/files?path=/work/t.txt`, { method: 'DELETE' })).status, 204);
   const missing = await call(`/v1/sandboxes/${id}/files?path=/work/t.txt`);
   t.is(missing.status, 404);

@@ -120,7 +120,7 @@ async function main(): Promise<void> {
     }
   }
 
-  const sb = await pdk.sandboxes.create({ ttlSec: 3600, diskMiB: 256 });
+  const sb = await pdk.sandboxes.create({ ttlSec: 3600, memoryMiB: 1024, diskMiB: 256 });
   onCleanup('sandbox', () => sb.kill().then(() => {}));
   progress(`exec true: ${o.n * 5} each way`);
   const exec = { gw: [] as number[], sdk: [] as number[] };
