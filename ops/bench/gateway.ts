@@ -7,7 +7,7 @@
  *   (fetch, HTTP keep-alive) and through the SDK, interleaved so load drifts hit both alike;
  * - SSE streaming throughput of a 48 MiB exec output, beside the SDK's execStream of the same;
  * - the Python client's exec p50 (Debian's python3, urllib: a connection per call);
- * - the gateway process's RSS before and after 10,000 requests (after 2,000 to warm up).
+ * - the gateway process's RSS before and after 10,000 requests (after 10,000 to warm up), and after 10,000 more.
  * Targets: gateway create and exec p50 ≤ 1.3× the SDK's; SSE ≥ 100 MiB/s; no RSS growth.
  * stdout carries the table and, with --json, one JSON object as its last line.
  */
@@ -198,10 +198,13 @@ async function main(): Promise<void> {
     };
     await Promise.all(Array.from({ length: 8 }, worker));
   };
-  await burst(2000);
+  // V8 grows its heap to a size it then keeps through a first long burst: the warm-up is as long as the measure.
+  await burst(RSS_REQUESTS);
   const rss0 = rssBytes(pid);
   await burst(RSS_REQUESTS);
   const rss1 = rssBytes(pid);
+  await burst(RSS_REQUESTS);
+  const rss2 = rssBytes(pid);
 
   const c = { gw: summarize(create.gw), sdk: summarize(create.sdk) };
   const e = { gw: summarize(exec.gw), sdk: summarize(exec.sdk) };
@@ -215,7 +218,7 @@ async function main(): Promise<void> {
   console.log(row('10 MiB write+read (ms)', f.gw.p50, f.sdk.p50, ''));
   console.log(row('stream (MiB/s)', ssep50, sdkSse, '≥ 100 MiB/s'));
   console.log(`Python client exec true p50: ${pythonExecP50Ms.toFixed(2)} ms (the SDK's ${e.sdk.p50.toFixed(2)} ms)`);
-  console.log(`gateway RSS: ${(rss0 / MiB).toFixed(1)} MiB after warm-up, ${(rss1 / MiB).toFixed(1)} MiB after ${RSS_REQUESTS} more requests (growth ${((rss1 - rss0) / MiB).toFixed(1)} MiB)`);
+  console.log(`gateway RSS: ${(rss0 / MiB).toFixed(1)} MiB after ${RSS_REQUESTS} requests of warm-up, ${(rss1 / MiB).toFixed(1)} MiB after ${RSS_REQUESTS} more (growth ${((rss1 - rss0) / MiB).toFixed(1)} MiB), ${(rss2 / MiB).toFixed(1)} MiB after another ${RSS_REQUESTS}`);
   if (o.json) {
     console.log(
       JSON.stringify({
