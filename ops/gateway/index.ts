@@ -55,7 +55,7 @@ export async function startGateway(o: StartGatewayOptions): Promise<RunningGatew
   }
 }
 
-/** For `paddock up`: starts the gateway unless PADDOCK_HTTP=0, and says where it listens. */
+/** For `paddock up`: starts the gateway unless PADDOCK_HTTP=0, and prints where it listens (a line of its own on stdout, for scripts). */
 export async function startUpGateway(natsUrl: string, say: (s: string) => void): Promise<RunningGateway | undefined> {
   if (process.env.PADDOCK_HTTP === '0') return undefined;
   const gw = await startGateway({ natsUrl });
