@@ -343,8 +343,17 @@ function handlers(o: GatewayContext): Record<string, Handler> {
       const states = new Set(list(q, 'state'));
       const l = labels(q) ?? {};
       const nc = Paddock.connectionOf(pdk);
+      // Subscribed at the server before the response starts: a client that acts once it has the
+      // headers (creates a sandbox, say) must see every event that follows.
+      const sub = nc.subscribe(subjects.events(id === undefined ? '*' : token(id, 'id')));
+      try {
+        await nc.flush();
+      } catch (err) {
+        sub.unsubscribe();
+        throw err;
+      }
+      // A stream refused (too many open) still drops the subscription: the finally below.
       await stream(o, req, reply, 'events', async (sse, signal) => {
-        const sub = nc.subscribe(subjects.events(id === undefined ? '*' : token(id, 'id')));
         signal.addEventListener('abort', () => sub.unsubscribe(), { once: true });
         // Comments keep proxies and idle timers from closing a quiet stream.
         const ping = setInterval(() => void sse.comment('ping').catch(() => {}), 15_000);
@@ -365,9 +374,8 @@ function handlers(o: GatewayContext): Record<string, Handler> {
           }
         } finally {
           clearInterval(ping);
-          sub.unsubscribe();
         }
-      });
+      }).finally(() => sub.unsubscribe());
       return reply;
     },
     openapi: async () => openApiDocument(),
