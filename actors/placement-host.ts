@@ -86,8 +86,6 @@ export class PlacementHost {
   private readonly waiting: Waiting[] = [];
   private bridge?: BridgeState;
   private demandTimer?: NodeJS.Timeout;
-  private kicking = false;
-  private kickAgain = false;
   private readonly replica = newSandboxId().replace(/^sb-/, 'pl-');
 
   constructor(
@@ -257,7 +255,8 @@ export class PlacementHost {
     const kinds: Record<string, { count: number; cpu: number; memoryMiB: number; oldestMs: number }> = {};
     const now = Date.now();
     for (const w of this.waiting) {
-      const k = (kinds[w.spec.backend] ??= { count: 0, cpu: 0, memoryMiB: 0, oldestMs: 0 });
+      const k = kinds[w.spec.backend] ?? { count: 0, cpu: 0, memoryMiB: 0, oldestMs: 0 };
+      kinds[w.spec.backend] = k;
       k.count++;
       k.cpu += w.spec.cpu;
       k.memoryMiB += w.spec.memoryMiB;
@@ -279,12 +278,7 @@ export class PlacementHost {
    * flight (SENT), so the next ranking sees it. A create refused again goes back to its place.
    */
   private kick(): void {
-    if (this.kicking) {
-      this.kickAgain = true;
-      return;
-    }
-    this.kicking = true;
-    try {
+    {
       const now = Date.now();
       for (const w of this.waiting) {
         if (w.trying) continue;
@@ -308,12 +302,6 @@ export class PlacementHost {
           },
         );
       }
-    } finally {
-      this.kicking = false;
-    }
-    if (this.kickAgain) {
-      this.kickAgain = false;
-      queueMicrotask(() => this.kick());
     }
   }
 

@@ -143,6 +143,15 @@ function observeNodes(ms: Record<string, Machine>, nodes: Record<string, NodeVie
   return out;
 }
 
+/** The effects the host carries out. */
+type Effect =
+  | { type: 'provision'; params: { id: string; shape: Shape } }
+  | { type: 'drain'; params: { id: string } }
+  | { type: 'release'; params: { id: string; why: string } }
+  | { type: 'decide'; params: Decision };
+// Actions defined inside setup() cannot name their siblings in enqueue's types: this one cast keeps the effects typed.
+const fx = (enqueue: unknown, e: Effect) => (enqueue as (e: Effect) => void)(e);
+
 export const bridgeMachine = setup({
   types: {
     context: {} as BridgeContext,
@@ -174,16 +183,16 @@ export const bridgeMachine = setup({
       }
       enqueue.assign({ machines, seq, started: context.started + add });
       const d = context.demand;
-      enqueue({ type: 'decide', params: { ts: context.now, action: 'scale-up', reason: `${d.count} creates wait (${d.cpu} CPU, ${d.memoryMiB} MiB) that no node can admit; adding ${add} machine${add === 1 ? '' : 's'} of ${context.policy.shape.sandboxes} sandboxes`, machines: ids } });
-      for (const id of ids) enqueue({ type: 'provision', params: { id, shape: context.policy.shape } });
+      fx(enqueue, { type: 'decide', params: { ts: context.now, action: 'scale-up', reason: `${d.count} creates wait (${d.cpu} CPU, ${d.memoryMiB} MiB) that no node can admit; adding ${add} machine${add === 1 ? '' : 's'} of ${context.policy.shape.sandboxes} sandboxes`, machines: ids } });
+      for (const id of ids) fx(enqueue, { type: 'provision', params: { id, shape: context.policy.shape } });
     }),
     drainIdle: enqueueActions(({ context, enqueue }) => {
       const idle = idleOnes(context);
       let machines = context.machines;
       for (const m of idle) machines = withState(machines, m.id, 'draining', context.now);
       enqueue.assign({ machines });
-      enqueue({ type: 'decide', params: { ts: context.now, action: 'drain', reason: `no create waits and ${idle.length === 1 ? 'this machine has' : 'these machines have'} had no sandbox for ${context.policy.idleMs} ms`, machines: idle.map((m) => m.id) } });
-      for (const m of idle) enqueue({ type: 'drain', params: { id: m.id } });
+      fx(enqueue, { type: 'decide', params: { ts: context.now, action: 'drain', reason: `no create waits and ${idle.length === 1 ? 'this machine has' : 'these machines have'} had no sandbox for ${context.policy.idleMs} ms`, machines: idle.map((m) => m.id) } });
+      for (const m of idle) fx(enqueue, { type: 'drain', params: { id: m.id } });
     }),
     releaseDrained: enqueueActions(({ context, event, enqueue }) => {
       if (event.type !== 'OBSERVE') return;
@@ -194,8 +203,8 @@ export const bridgeMachine = setup({
         // Cordoned and empty (or gone): its sandboxes have finished.
         if (n && !(n.state === 'draining' && n.sandboxes === 0)) continue;
         machines = withState(machines, m.id, 'releasing', context.now);
-        enqueue({ type: 'decide', params: { ts: context.now, action: 'release', reason: 'drained: cordoned with no sandbox left', machines: [m.id] } });
-        enqueue({ type: 'release', params: { id: m.id, why: 'drained' } });
+        fx(enqueue, { type: 'decide', params: { ts: context.now, action: 'release', reason: 'drained: cordoned with no sandbox left', machines: [m.id] } });
+        fx(enqueue, { type: 'release', params: { id: m.id, why: 'drained' } });
       }
       enqueue.assign({ machines });
     }),
@@ -206,8 +215,8 @@ export const bridgeMachine = setup({
         if (m.state !== 'joining' || context.now - m.since < context.policy.joinDeadlineMs) continue;
         machines = withState(machines, m.id, 'releasing', context.now);
         failures++;
-        enqueue({ type: 'decide', params: { ts: context.now, action: 'join-timeout', reason: `its node did not join within ${context.policy.joinDeadlineMs} ms: released and counted as a provider failure`, machines: [m.id] } });
-        enqueue({ type: 'release', params: { id: m.id, why: 'join timeout' } });
+        fx(enqueue, { type: 'decide', params: { ts: context.now, action: 'join-timeout', reason: `its node did not join within ${context.policy.joinDeadlineMs} ms: released and counted as a provider failure`, machines: [m.id] } });
+        fx(enqueue, { type: 'release', params: { id: m.id, why: 'join timeout' } });
       }
       enqueue.assign({ machines, failures });
     }),
@@ -217,7 +226,7 @@ export const bridgeMachine = setup({
         // Said once per blocked spell: the state message carries it every second anyway.
         if (context.blocked?.reason !== n.limit) {
           enqueue.assign({ blocked: { reason: n.limit, until: context.now } });
-          enqueue({ type: 'decide', params: { ts: context.now, action: 'cannot-provision', reason: n.limit, machines: [] } });
+          fx(enqueue, { type: 'decide', params: { ts: context.now, action: 'cannot-provision', reason: n.limit, machines: [] } });
         }
       }
     }),
@@ -237,7 +246,7 @@ export const bridgeMachine = setup({
   initial: 'watching',
   on: {
     // Observations update what the bridge knows in every phase; each phase then decides.
-    OBSERVE: { actions: 'observe' },
+    OBSERVE: { actions: ['observe', 'joinTimeouts'] },
     ADOPT: {
       actions: enqueueActions(({ context, event, enqueue }) => {
         const machines = { ...context.machines };
@@ -270,9 +279,9 @@ export const bridgeMachine = setup({
     watching: {
       on: {
         OBSERVE: [
-          { guard: 'needsMachines', target: 'scalingUp', actions: ['observe', 'scaleUp'] },
-          { guard: 'hasIdle', target: 'draining', actions: ['observe', 'drainIdle'] },
-          { actions: ['observe', 'reportLimit'] },
+          { guard: 'needsMachines', target: 'scalingUp', actions: ['observe', 'joinTimeouts', 'scaleUp'] },
+          { guard: 'hasIdle', target: 'draining', actions: ['observe', 'joinTimeouts', 'drainIdle'] },
+          { actions: ['observe', 'joinTimeouts', 'reportLimit'] },
         ],
       },
     },
@@ -287,12 +296,12 @@ export const bridgeMachine = setup({
     },
     coolingDown: {
       on: {
-        OBSERVE: [{ guard: 'cooled', target: 'watching', actions: 'observe' }, { actions: 'observe' }],
+        OBSERVE: [{ guard: 'cooled', target: 'watching', actions: ['observe', 'joinTimeouts'] }, { actions: ['observe', 'joinTimeouts'] }],
       },
     },
     draining: {
       always: { guard: 'noneDraining', target: 'releasing' },
-      on: { OBSERVE: { actions: ['observe', 'releaseDrained'] } },
+      on: { OBSERVE: { actions: ['observe', 'joinTimeouts', 'releaseDrained'] } },
     },
     releasing: {
       always: { guard: 'noneReleasing', target: 'watching' },
