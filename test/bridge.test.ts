@@ -127,6 +127,7 @@ test.serial('a bridge killed with SIGKILL mid-burst: its successor adopts the ma
     await sleep(1200);
     const pending = burst(pdk, 3 * 2 * CAP);
     await until('a scale-up decision', () => decided);
+    await until('a machine started', async () => (await provider.list({ 'paddock-bridge': 'kill' })).length > 0);
     first.kill('SIGKILL');
     const started = (await provider.list({ 'paddock-bridge': 'kill' })).length;
     t.true(started > 0);
