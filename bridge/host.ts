@@ -180,7 +180,13 @@ export class BridgeHost {
       return [];
     });
     if (this.actor !== actor) return;
-    actor.send({ type: 'ADOPT', machines: mine.map((m) => ({ id: m.id, createdAt: m.createdAt })), now: Date.now() });
+    // One whose start was cut short by the end of the earlier leader goes back at once.
+    for (const m of mine.filter((x) => x.gone)) {
+      this.decide({ ts: Date.now(), action: 'release', reason: 'listed by the provider but running nothing: its start was cut short', machines: [m.id] });
+      void this.o.provider.release(m.id).catch((err: unknown) => this.o.log.error({ err, machine: m.id }, 'release failed'));
+    }
+    const live = mine.filter((x) => !x.gone);
+    actor.send({ type: 'ADOPT', machines: live.map((m) => ({ id: m.id, createdAt: m.createdAt })), now: Date.now() });
     this.tickTimer = setInterval(() => this.tick(), this.o.tickMs ?? 250);
     this.stateTimer = setInterval(() => this.publishState(), 1000);
     this.statusSub = this.o.nc.subscribe(subjects.bridgeStatus, { callback: (_e, m) => {
@@ -230,7 +236,15 @@ export class BridgeHost {
     queueMicrotask(() => this.publishState());
   }
 
-  private async provision(id: string): Promise<void> {
+  private readonly provisioning = new Set<Promise<void>>();
+
+  private provision(id: string): Promise<void> {
+    const p = this.provisionOne(id);
+    this.provisioning.add(p);
+    return p.finally(() => this.provisioning.delete(p));
+  }
+
+  private async provisionOne(id: string): Promise<void> {
     const actor = this.actor;
     try {
       await this.o.provider.provision({ id, shape: this.o.policy.shape, tags: { 'paddock-bridge': this.tag }, natsUrl: this.o.natsUrl });
@@ -293,6 +307,8 @@ export class BridgeHost {
     this.follow();
     for (const s of this.subs) s.unsubscribe();
     this.stopWatch?.();
+    // A machine being started when the bridge stops is listed once started: wait for it.
+    await Promise.allSettled([...this.provisioning]);
     // Let a successor take over at once instead of after the lease.
     if (wasLeading && this.kv) await this.kv.delete('leader', { previousSeq: this.revision }).catch(() => {});
   }

@@ -25,6 +25,8 @@ export interface ProvidedMachine {
   createdAt: number;
   /** Where it runs, for people (a pid, a host, an instance id). */
   where: string;
+  /** Listed but running nothing (its start was cut short): to release, not to adopt. */
+  gone?: boolean;
 }
 
 export interface Provider {

@@ -34,6 +34,13 @@ function local(home: string): LocalProvider {
   return new LocalProvider({ stateDir: join(home, 'bridge', 'local'), command: () => nodeCommand({ dieWithParent: false }), env: nodeEnv, cpus: 1, memoryMiB: 1024 });
 }
 
+// Whatever a failed test left: every machine any bridge of this file started goes back.
+test.after.always(async (t) => {
+  if (!t.context.home) return;
+  const p = local(t.context.home);
+  for (const m of await p.list({})) await p.release(m.id);
+});
+
 async function until(what: string, f: () => Promise<boolean> | boolean, ms = 90_000): Promise<void> {
   const end = Date.now() + ms;
   while (!(await f())) {
@@ -101,7 +108,7 @@ test.serial('a provider that fails on the second machine: waiting creates get NO
     for (const r of results) if (r.status === 'fulfilled') await r.value.kill();
     await Promise.all(fleet.map((s) => s.kill()));
     // The machine that did start is idle and goes back; the one that failed left nothing.
-    await until('no machine left', async () => (await inner.list({ 'paddock-bridge': 'flaky' })).length === 0);
+    await until('no machine left', async () => b.host.status().machines.length === 0 && (await inner.list({ 'paddock-bridge': 'flaky' })).length === 0);
     t.true(b.host.status().decisions.some((d) => d.action === 'provider-failed'));
   } finally {
     await b.stop({ release: true });

@@ -9,7 +9,7 @@
  */
 import { spawn } from 'node:child_process';
 import { closeSync, existsSync, openSync, readFileSync } from 'node:fs';
-import { mkdir, readdir, readFile, rm, rmdir, writeFile } from 'node:fs/promises';
+import { mkdir, readdir, readFile, rename, rm, rmdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { cgroupDir, detectCgroups } from '../../../runtime/cgroups.ts';
@@ -41,10 +41,18 @@ interface Record_ {
 
 const CGROUP_PARENT = '/paddock-bridge';
 
+/** Write then rename: a bridge listing machines never reads half a record. */
+async function writeAtomic(file: string, text: string): Promise<void> {
+  await writeFile(`${file}.tmp`, text);
+  await rename(`${file}.tmp`, file);
+}
+
+/** The pid's start time, or undefined when it is gone or a zombie (whoever reaps it may be slow: a bridge SIGKILLed leaves its machines to pid 1). */
 function startTime(pid: number): string | undefined {
   try {
     const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
-    return stat.slice(stat.lastIndexOf(')') + 2).split(' ')[19];
+    const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+    return fields[0] === 'Z' ? undefined : fields[19];
   } catch {
     return undefined;
   }
@@ -53,6 +61,8 @@ function startTime(pid: number): string | undefined {
 export class LocalProvider implements Provider {
   readonly name = 'local';
   private readonly mode = detectCgroups();
+  /** Provisions under way in this process: a release of one waits for it, so nothing starts after its release. */
+  private readonly inflight = new Map<string, Promise<unknown>>();
 
   constructor(private readonly o: LocalProviderOptions) {}
 
@@ -71,13 +81,21 @@ export class LocalProvider implements Provider {
     ];
   }
 
-  async provision(req: ProvisionRequest): Promise<ProvidedMachine> {
+  provision(req: ProvisionRequest): Promise<ProvidedMachine> {
+    const p = this.start(req);
+    this.inflight.set(req.id, p);
+    return p.finally(() => this.inflight.delete(req.id));
+  }
+
+  private async start(req: ProvisionRequest): Promise<ProvidedMachine> {
     if (this.o.maxMachines !== undefined && (await this.records()).length >= this.o.maxMachines) {
       throw new Error(`the local provider's quota of ${this.o.maxMachines} machines is used up`);
     }
     const dir = join(this.o.stateDir, req.id);
     const home = join(dir, 'home');
     await mkdir(home, { recursive: true });
+    // Listed from now on, before the process exists: a list or release meanwhile sees it.
+    await writeAtomic(join(dir, 'machine.json'), JSON.stringify({ id: req.id, tags: req.tags, createdAt: Date.now(), pid: 0, start: '', home } satisfies Record_));
     if (this.mode === 'v2') await writeFile('/sys/fs/cgroup/cgroup.subtree_control', '+cpu +memory').catch(() => {});
     const groups = this.cgroups(req.id);
     for (const g of groups) {
@@ -88,7 +106,10 @@ export class LocalProvider implements Provider {
     const { cmd, args, env } = this.o.command();
     // A file, not a pipe: the node keeps logging after the bridge that started it is gone.
     const log = openSync(join(dir, 'node.log'), 'a');
-    const proc = spawn(cmd, args, {
+    // The process enters its share before it execs the node: the cgroup is the machine, so a bridge
+    // killed at any point leaves nothing that a release (which empties the cgroup) cannot find.
+    const enter = groups.map((g) => `echo $$ > '${join(g.dir, 'cgroup.procs')}'`).join(' && ');
+    const proc = spawn('/bin/sh', ['-c', `${enter} && exec "$@"`, 'sh', cmd, ...args], {
       detached: true,
       stdio: ['ignore', log, log],
       env: { ...process.env, ...env, ...this.o.env, NATS_URL: req.natsUrl, PADDOCK_HOME: home, PADDOCK_NODE_ID: req.id, PADDOCK_PLACEMENT: '0' },
@@ -97,37 +118,44 @@ export class LocalProvider implements Provider {
     const pid = proc.pid;
     if (pid === undefined) throw new Error(`could not start ${cmd} for machine ${req.id}`);
     proc.unref();
-    // Into its share before it does anything heavy (tsx compiles for a second first).
-    for (const g of groups) await writeFile(join(g.dir, 'cgroup.procs'), String(pid));
     const createdAt = Date.now();
     const rec: Record_ = { id: req.id, tags: req.tags, createdAt, pid, start: startTime(pid) ?? '', home };
-    await writeFile(join(dir, 'machine.json'), JSON.stringify(rec));
+    await writeAtomic(join(dir, 'machine.json'), JSON.stringify(rec));
     return { id: req.id, tags: req.tags, createdAt, where: `pid ${pid}` };
   }
 
-  private alive(r: Record_): boolean {
-    return r.start !== '' && startTime(r.pid) === r.start;
+  /** Whether anything runs in the machine's share: what `list` calls alive. */
+  private occupied(id: string): boolean {
+    const g = this.cgroups(id)[0];
+    try {
+      return g !== undefined && readFileSync(join(g.dir, 'cgroup.procs'), 'utf8').trim() !== '';
+    } catch {
+      return false;
+    }
   }
 
   async release(id: string): Promise<void> {
+    await this.inflight.get(id)?.catch(() => {});
     const dir = join(this.o.stateDir, id);
-    const rec = await readFile(join(dir, 'machine.json'), 'utf8').then((t) => JSON.parse(t) as Record_, () => undefined);
-    if (rec && this.alive(rec)) {
-      // SIGTERM: the node kills its sandboxes and leaves the node table in order.
-      process.kill(rec.pid, 'SIGTERM');
-      for (let i = 0; i < 300 && this.alive(rec); i++) await sleep(100);
-      if (this.alive(rec)) process.kill(rec.pid, 'SIGKILL');
-      for (let i = 0; i < 50 && this.alive(rec); i++) await sleep(100);
-    }
-    for (const g of this.cgroups(id)) {
-      if (!existsSync(g.dir)) continue;
-      // Anything left in the share (a stray helper) goes with it.
-      for (const p of (await readFile(join(g.dir, 'cgroup.procs'), 'utf8').catch(() => '')).split('\n').filter(Boolean)) {
+    const groups = this.cgroups(id).filter((g) => existsSync(g.dir));
+    const procs = async () => {
+      const g = groups[0];
+      if (!g) return [];
+      return (await readFile(join(g.dir, 'cgroup.procs'), 'utf8').catch(() => '')).split('\n').filter(Boolean).map(Number);
+    };
+    const signal = async (sig: NodeJS.Signals) => {
+      for (const p of await procs()) {
         try {
-          process.kill(Number(p), 'SIGKILL');
+          process.kill(p, sig);
         } catch {}
       }
-      for (let i = 0; i < 50; i++) {
+    };
+    // SIGTERM first: the node kills its sandboxes and leaves the node table in order.
+    await signal('SIGTERM');
+    for (let i = 0; i < 300 && (await procs()).length > 0; i++) await sleep(100);
+    await signal('SIGKILL');
+    for (const g of groups) {
+      for (let i = 0; i < 100; i++) {
         if (await rmdir(g.dir).then(() => true, () => !existsSync(g.dir))) break;
         await sleep(100);
       }
@@ -139,7 +167,16 @@ export class LocalProvider implements Provider {
     const names = await readdir(this.o.stateDir).catch(() => [] as string[]);
     const out: Record_[] = [];
     for (const n of names) {
-      const r = await readFile(join(this.o.stateDir, n, 'machine.json'), 'utf8').then((t) => JSON.parse(t) as Record_, () => undefined);
+      const r = await readFile(join(this.o.stateDir, n, 'machine.json'), 'utf8').then(
+        (t) => {
+          try {
+            return JSON.parse(t) as Record_;
+          } catch {
+            return undefined;
+          }
+        },
+        () => undefined,
+      );
       if (r) out.push(r);
     }
     return out;
@@ -148,6 +185,9 @@ export class LocalProvider implements Provider {
   async list(tags: Record<string, string>): Promise<ProvidedMachine[]> {
     return (await this.records())
       .filter((r) => Object.entries(tags).every(([k, v]) => r.tags[k] === v))
-      .map((r) => ({ id: r.id, tags: r.tags, createdAt: r.createdAt, where: this.alive(r) ? `pid ${r.pid}` : `pid ${r.pid} (gone)` }));
+      .map((r) => {
+        const alive = this.occupied(r.id);
+        return { id: r.id, tags: r.tags, createdAt: r.createdAt, where: `pid ${r.pid}`, ...(alive ? {} : { gone: true }) };
+      });
   }
 }
