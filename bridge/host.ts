@@ -190,7 +190,12 @@ export class BridgeHost {
     this.tickTimer = setInterval(() => this.tick(), this.o.tickMs ?? 250);
     this.stateTimer = setInterval(() => this.publishState(), 1000);
     this.statusSub = this.o.nc.subscribe(subjects.bridgeStatus, { callback: (_e, m) => {
-        m.respond(encode({ ok: true, result: this.status() }));
+        try {
+          m.respond(encode({ ok: true, result: this.status() }));
+        } catch (err) {
+          this.o.log.error({ err }, 'bridge status failed');
+          m.respond(encode({ ok: false, error: { code: 'INTERNAL', message: (err as Error).message, retryable: true } }));
+        }
       },
     });
     this.tick();

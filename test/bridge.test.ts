@@ -4,7 +4,8 @@
  * drained and released once idle; a provider that fails gives the waiting creates its reason at
  * once and leaves no machine behind; a bridge killed mid-burst is succeeded by one that adopts.
  */
-import { type ChildProcess, spawn } from 'node:child_process';
+import { type ChildProcess, execFile, execFileSync, spawn } from 'node:child_process';
+import { promisify } from 'node:util';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { fileURLToPath } from 'node:url';
@@ -17,8 +18,17 @@ import { decode, subjects } from '../protocol/index.ts';
 import { Paddock, type Sandbox } from '../sdk/index.ts';
 import { clusterTest, SHARED_IMAGES } from './helpers/cluster.ts';
 
+const run = promisify(execFile);
 const CAP = 4;
+const CLI = fileURLToPath(new URL('../ops/bin/paddock.js', import.meta.url));
+const ROOT = fileURLToPath(new URL('..', import.meta.url));
+
 const test = clusterTest({ nodes: 2, env: { PADDOCK_BACKENDS: 'sim', PADDOCK_SIM_SANDBOXES: String(CAP), PADDOCK_WAIT_FOR_CAPACITY_MS: '90000' } });
+
+test.before(() => {
+  // The CLI users run is the compiled one: rebuilt when a source is newer.
+  execFileSync('bash', ['ops/setup.sh'], { cwd: ROOT, stdio: ['ignore', 'ignore', 'inherit'] });
+});
 
 const nodeEnv = { PADDOCK_BACKENDS: 'sim', PADDOCK_SIM_SANDBOXES: String(CAP), PADDOCK_HEARTBEAT_MS: '500', PADDOCK_IMAGES_DIR: SHARED_IMAGES, PADDOCK_FN: '0', PADDOCK_FN_BUILD: '0' };
 const bridgeEnv = (tag: string) => ({
@@ -59,6 +69,11 @@ test.serial('a burst past capacity waits for machines, every create succeeds, an
   const b = await startBridge({ natsUrl: cluster.url, provider, env: bridgeEnv('burst'), log: createLogger('bridge', 'warn') });
   try {
     await until('the bridge to lead', () => b.host.leading);
+    // Not execFileSync: this process hosts the bridge the CLI asks.
+    const cli = async (...args: string[]) => (await run(process.execPath, [CLI, '--nats', cluster.url, ...args], { encoding: 'utf8' })).stdout;
+    t.regex(await cli('node', 'drain', cluster.nodes[0]?.id ?? ''), /draining/);
+    await until('the node to show draining', async () => (await pdk.nodes.list()).some((n) => n.state === 'draining'));
+    t.regex(await cli('node', 'undrain', cluster.nodes[0]?.id ?? ''), /serving again/);
     await sleep(1200);
     const results = await burst(pdk, 3 * 2 * CAP);
     const failed = results.filter((r) => r.status === 'rejected');
@@ -70,6 +85,8 @@ test.serial('a burst past capacity waits for machines, every create succeeds, an
     t.true(onNew.size >= 1, 'sandboxes run on the new machines');
     await Promise.all(sbs.map((s) => s.kill()));
     await until('the machines to be released', async () => (await provider.list({ 'paddock-bridge': 'burst' })).length === 0);
+    const status = JSON.parse(await cli('bridge', 'status', '--json')) as { leader: string; decisions: unknown[] };
+    t.is(status.leader, b.host.status().self);
     const actions = b.host.status().decisions.map((d) => d.action);
     t.true(actions.includes('scale-up'));
     t.true(actions.includes('drain'));

@@ -2,6 +2,7 @@
  * `paddock bridge status` (the leading bridge's machines, demand and last decisions) and
  * `paddock node drain|undrain <id>` (cordon a node by hand: placement skips it, its sandboxes run on).
  */
+import { RequestError } from '@nats-io/transport-node';
 import type { BridgeStatus } from '../../bridge/host.ts';
 import { decode, encode, isToken, type Reply, subjects } from '../../protocol/index.ts';
 import { Paddock } from '../../sdk/index.ts';
@@ -23,7 +24,8 @@ export async function bridgeCli(a: Args): Promise<number> {
     let s: BridgeStatus;
     try {
       s = await ask<BridgeStatus>(pdk, subjects.bridgeStatus, 3000);
-    } catch {
+    } catch (err) {
+      if (!(err instanceof RequestError && err.isNoResponders())) throw err;
       out('no bridge is leading (none runs: set PADDOCK_BRIDGE_PROVIDER for `paddock up`)');
       return 1;
     }
