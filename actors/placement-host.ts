@@ -2,6 +2,11 @@
  * Binds the placement machine to NATS: the node table comes from a watch on `pdk_nodes`, creates
  * arrive on `pdk.v1.place.create` in a queue group, and each is forwarded to the best node's
  * `create`. A node that refuses with NO_CAPACITY (or has died) passes the request to the next.
+ *
+ * When every node refuses and the bridge (bridge/) says capacity is coming, the create waits in a
+ * bounded queue instead of failing: its position goes out on `pdk.v1.evt.<id>.waiting`, the queue
+ * goes out as demand on `pdk.v1.bridge.demand`, and it is placed when a node joins or frees room.
+ * When the bridge says no capacity can come, every waiting create fails at once with its reason.
  */
 import type { KV } from '@nats-io/kv';
 import { type NatsConnection, RequestError, type Subscription, TimeoutError } from '@nats-io/transport-node';
@@ -20,6 +25,7 @@ import {
   parseGroupSubject,
   type Reply,
   requireRecord,
+  type SandboxSpec,
   scanKv,
   subjects,
   validateCreate,
@@ -29,7 +35,7 @@ import { traceHeaders } from '../protocol/trace.ts';
 import { serve } from './bind.ts';
 import { DirectoryHost } from './directory-host.ts';
 import type { Inspector } from './inspect.ts';
-import { isLive, placementMachine, rank } from './placement.ts';
+import { hasRoom, isLive, placementMachine, rank } from './placement.ts';
 import { RolloutHost } from './rollout-host.ts';
 
 /** How many nodes one create tries before giving up with NO_CAPACITY. */
@@ -37,6 +43,38 @@ const MAX_TRIES = 3;
 const NODE_CREATE_TIMEOUT_MS = 120_000;
 /** Pause and resume of 3,200 sandboxes take ~1 s; killing as many takes minutes (crun delete each). */
 const GROUP_TIMEOUT_MS = 600_000;
+/** A bridge state older than this is a bridge gone: creates then fail at once as without one. */
+const BRIDGE_STALE_MS = 3000;
+/** While creates wait, the demand they make is published this often (the bridge forgets a silent replica). */
+const DEMAND_EVERY_MS = 500;
+
+/** What the leading bridge says on `pdk.v1.bridge.state`. */
+export interface BridgeState {
+  leader: string;
+  ts: number;
+  /** Whether the bridge can add machines for this kind of demand now. */
+  canProvision: boolean;
+  /** Why not, when it cannot: the waiting creates fail with it. */
+  reason?: string;
+}
+
+/** One create held for capacity. */
+interface Waiting {
+  id: string;
+  spec: SandboxSpec;
+  since: number;
+  timer: NodeJS.Timeout;
+  /** Being tried on a node now: not tried twice at once. */
+  trying: boolean;
+  resolve: (r: CreateReply) => void;
+  reject: (e: Error) => void;
+}
+
+export interface WaitOptions {
+  /** Default of a create's `waitForCapacityMs`. */
+  ms: number;
+  maxWaiting: number;
+}
 
 export class PlacementHost {
   private readonly actor: Actor<typeof placementMachine>;
@@ -45,12 +83,17 @@ export class PlacementHost {
   /** Placement replicas also answer the directory and command-log calls: both are stateless reads of JetStream. */
   private readonly directory: DirectoryHost;
   private readonly rollouts: RolloutHost;
+  private readonly waiting: Waiting[] = [];
+  private bridge?: BridgeState;
+  private demandTimer?: NodeJS.Timeout;
+  private readonly replica = newSandboxId().replace(/^sb-/, 'pl-');
 
   constructor(
     private readonly nc: NatsConnection,
     private readonly nodes: KV,
     private readonly log: Logger,
     inspect?: Inspector,
+    private readonly wait: WaitOptions = { ms: 30_000, maxWaiting: 10_000 },
   ) {
     this.actor = createActor(placementMachine, inspect ? { inspect } : {});
     this.directory = new DirectoryHost(nc, log);
@@ -70,9 +113,21 @@ export class PlacementHost {
           } catch (err) {
             this.log.warn({ err, key: e.key }, 'bad node record');
           }
+          // A node that joined or freed room may take what waits.
+          if (this.waiting.length > 0) this.kick();
         } else this.actor.send({ type: 'NODE_GONE', node: e.key });
       }
     })();
+    const bridgeSub = this.nc.subscribe(subjects.bridgeState, {
+      callback: (_e, m) => {
+        try {
+          this.onBridgeState(decode(m.data) as BridgeState);
+        } catch (err) {
+          this.log.warn({ err }, 'bad bridge state');
+        }
+      },
+    });
+    this.subs.push(bridgeSub);
     this.subs.push(serve(this.nc, subjects.placeCreate, { queue: PLACEMENT_QUEUE, log: this.log, name: 'place.create', maxBytes: Limits.createBytesMax }, (req) => this.create(req.body)));
     this.subs.push(serve(this.nc, subjects.groupAll, { queue: PLACEMENT_QUEUE, log: this.log, name: 'group' }, (req) => this.group(req.subject)));
     this.directory.start();
@@ -101,7 +156,7 @@ export class PlacementHost {
   }
 
   private async create(body: unknown): Promise<CreateReply> {
-    const { spec, id = newSandboxId() } = validateCreate(body);
+    const { spec, id = newSandboxId(), waitForCapacityMs = this.wait.ms } = validateCreate(body);
     let ranking = rank(this.actor.getSnapshot().context, spec, Date.now());
     if (ranking.nodes.length === 0) {
       await this.reload();
@@ -110,15 +165,25 @@ export class PlacementHost {
     if (ranking.nodes.length === 0) {
       const live = Object.values(this.actor.getSnapshot().context.nodes).some((r) => isLive(r, Date.now()));
       // A spec no live node could ever run is the caller's to fix; an empty cluster is ours.
-      throw new ProtocolError(live ? 'INVALID_SPEC' : 'NO_CAPACITY', `cannot place sandbox: ${ranking.reason}`);
+      if (live) throw new ProtocolError('INVALID_SPEC', `cannot place sandbox: ${ranking.reason}`);
+      if (!this.bridgePromises(waitForCapacityMs)) throw new ProtocolError('NO_CAPACITY', `cannot place sandbox: ${ranking.reason}${this.bridgeWhy()}`);
+      return this.enqueue(id, spec, waitForCapacityMs);
     }
+    const r = await this.attempt(id, spec, ranking.nodes);
+    if ('result' in r) return r.result;
+    if (!this.bridgePromises(waitForCapacityMs)) throw new ProtocolError('NO_CAPACITY', `no node could admit the sandbox (${r.refusals.join('; ')})${this.bridgeWhy()}`);
+    return this.enqueue(id, spec, waitForCapacityMs);
+  }
+
+  /** Tries the best nodes in turn; NO_CAPACITY from all of them comes back as their refusals. */
+  private async attempt(id: string, spec: SandboxSpec, nodes: string[]): Promise<{ result: CreateReply } | { refusals: string[] }> {
     const refusals: string[] = [];
-    for (const node of ranking.nodes.slice(0, MAX_TRIES)) {
+    for (const node of nodes.slice(0, MAX_TRIES)) {
       this.actor.send({ type: 'SENT', node, cpu: spec.cpu, memoryMiB: spec.memoryMiB });
       try {
         const reply = await this.nc.request(subjects.node(node, 'create'), encode({ id, spec }), { timeout: NODE_CREATE_TIMEOUT_MS, headers: traceHeaders() });
         const r = decode(reply.data) as Reply<CreateReply>;
-        if (r.ok) return r.result;
+        if (r.ok) return { result: r.result };
         if (r.error.code !== 'NO_CAPACITY') throw new ProtocolError(r.error.code, r.error.message, { detail: r.error.detail });
         refusals.push(`${node}: ${r.error.message}`);
       } catch (err) {
@@ -135,7 +200,109 @@ export class PlacementHost {
         this.actor.send({ type: 'SETTLED', node, cpu: spec.cpu, memoryMiB: spec.memoryMiB });
       }
     }
-    throw new ProtocolError('NO_CAPACITY', `no node could admit the sandbox (${refusals.join('; ')})`);
+    return { refusals };
+  }
+
+  /** Whether a create may wait: the caller allows it, the queue has room, and a live bridge says capacity can come. */
+  private bridgePromises(waitMs: number): boolean {
+    const b = this.bridge;
+    return waitMs > 0 && this.waiting.length < this.wait.maxWaiting && b !== undefined && b.canProvision && Date.now() - b.ts < BRIDGE_STALE_MS;
+  }
+
+  private bridgeWhy(): string {
+    const b = this.bridge;
+    if (b && !b.canProvision && Date.now() - b.ts < BRIDGE_STALE_MS) return `; the bridge cannot add machines: ${b.reason ?? 'no reason given'}`;
+    if (this.waiting.length >= this.wait.maxWaiting) return `; ${this.waiting.length} creates already wait for capacity on this replica`;
+    return '';
+  }
+
+  private enqueue(id: string, spec: SandboxSpec, waitMs: number): Promise<CreateReply> {
+    return new Promise<CreateReply>((resolve, reject) => {
+      const w: Waiting = {
+        id,
+        spec,
+        since: Date.now(),
+        trying: false,
+        resolve,
+        reject,
+        timer: setTimeout(() => this.fail(w, `no capacity came within ${waitMs} ms (the bridge is adding machines)`), waitMs),
+      };
+      this.waiting.push(w);
+      this.nc.publish(subjects.event(id, 'waiting'), encode({ id, state: 'waiting', position: this.waiting.length, waiting: this.waiting.length, ts: Date.now() }));
+      this.publishDemand();
+      this.demandTimer ??= setInterval(() => this.publishDemand(), DEMAND_EVERY_MS);
+    });
+  }
+
+  private remove(w: Waiting): void {
+    clearTimeout(w.timer);
+    const i = this.waiting.indexOf(w);
+    if (i >= 0) this.waiting.splice(i, 1);
+    if (this.waiting.length === 0 && this.demandTimer) {
+      clearInterval(this.demandTimer);
+      this.demandTimer = undefined;
+      this.publishDemand();
+    }
+  }
+
+  private fail(w: Waiting, why: string): void {
+    this.remove(w);
+    w.reject(new ProtocolError('NO_CAPACITY', `cannot place sandbox ${w.id}: ${why}`));
+  }
+
+  /** The waiting creates by backend kind: what the bridge sizes its machines to. */
+  private publishDemand(): void {
+    const kinds: Record<string, { count: number; cpu: number; memoryMiB: number; oldestMs: number }> = {};
+    const now = Date.now();
+    for (const w of this.waiting) {
+      const k = kinds[w.spec.backend] ?? { count: 0, cpu: 0, memoryMiB: 0, oldestMs: 0 };
+      kinds[w.spec.backend] = k;
+      k.count++;
+      k.cpu += w.spec.cpu;
+      k.memoryMiB += w.spec.memoryMiB;
+      k.oldestMs = Math.max(k.oldestMs, now - w.since);
+    }
+    this.nc.publish(subjects.bridgeDemand, encode({ replica: this.replica, ts: now, kinds }));
+  }
+
+  private onBridgeState(b: BridgeState): void {
+    this.bridge = b;
+    if (!b.canProvision && this.waiting.length > 0) {
+      const why = `the bridge cannot add machines: ${b.reason ?? 'no reason given'}`;
+      for (const w of [...this.waiting]) if (!w.trying) this.fail(w, why);
+    }
+  }
+
+  /**
+   * Places what waits, oldest first, while ranked nodes seem to have room: each try counts as in
+   * flight (SENT), so the next ranking sees it. A create refused again goes back to its place.
+   */
+  private kick(): void {
+    {
+      const now = Date.now();
+      for (const w of this.waiting) {
+        if (w.trying) continue;
+        const ranking = rank(this.actor.getSnapshot().context, w.spec, now);
+        const ctx = this.actor.getSnapshot().context;
+        const roomy = ranking.nodes.filter((n) => hasRoom(ctx, n, w.spec));
+        if (roomy.length === 0) break;
+        w.trying = true;
+        void this.attempt(w.id, w.spec, roomy).then(
+          (r) => {
+            w.trying = false;
+            if ('result' in r) {
+              this.remove(w);
+              w.resolve(r.result);
+            } else if (this.waiting.includes(w)) this.kick();
+          },
+          (err: unknown) => {
+            w.trying = false;
+            this.remove(w);
+            w.reject(err as Error);
+          },
+        );
+      }
+    }
   }
 
   /** `pdk.v1.group.<g>.<verb>`: the verb on every live node at once, one summary back. */
@@ -167,6 +334,7 @@ export class PlacementHost {
   }
 
   stop(): void {
+    for (const w of [...this.waiting]) this.fail(w, 'the placement replica is stopping');
     for (const s of this.subs) s.unsubscribe();
     this.directory.stop();
     this.rollouts.stop();

@@ -66,6 +66,16 @@ export function rank(ctx: PlacementContext, spec: SandboxSpec, now: number, rand
   return { nodes: order.map((s) => s.node) };
 }
 
+/** Whether `node` seems to have room for `spec` in its pool, creates in flight counted: worth trying for a create that waits. */
+export function hasRoom(ctx: PlacementContext, node: string, spec: SandboxSpec): boolean {
+  const r = ctx.nodes[node];
+  const o = r && offerOf(r, spec.backend);
+  if (!o) return false;
+  const p = ctx.pending[node] ?? { cpu: 0, memoryMiB: 0, sandboxes: 0 };
+  const { capacity: c, allocated: a } = o;
+  return a.cpu + p.cpu + spec.cpu <= c.cpu && a.memoryMiB + p.memoryMiB + spec.memoryMiB <= c.memoryMiB && a.sandboxes + p.sandboxes + 1 <= c.sandboxes;
+}
+
 export const placementMachine = setup({
   types: {
     context: {} as PlacementContext,

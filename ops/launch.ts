@@ -19,7 +19,7 @@ export function nodeMainPath(): string {
 }
 
 /** The command line that runs a node: `unshare … node --import tsx ops/node-main.ts`. */
-export function nodeCommand(): { cmd: string; args: string[]; env: Record<string, string> } {
+export function nodeCommand(o: { dieWithParent?: boolean } = {}): { cmd: string; args: string[]; env: Record<string, string> } {
   // crun still writes <cgroupsPath>/cgroup.procs under `unified` once it is unmounted; a private
   // tmpfs there keeps those writes inside the node's namespace instead of on the host's tmpfs.
   // Each live sandbox holds a 4 KiB page there (measured: 12.5 MiB at 3,200), so the bound is set
@@ -27,6 +27,9 @@ export function nodeCommand(): { cmd: string; args: string[]; env: Record<string
   const prep = detectCgroups() === 'hybrid' ? 'umount /sys/fs/cgroup/unified && mount -t tmpfs -o size=128m,mode=755 paddock-unified /sys/fs/cgroup/unified && ' : '';
   // SIGTERM when the process that started the node dies, however it dies: the node then stops in
   // order and kills its sandboxes instead of running on with no one to stop it.
+  // A bridge machine (bridge/providers/local) outlives the bridge that started it: a successor adopts it.
+  const unshare = ['--mount', '--propagation', 'private', '--', '/bin/sh', '-c', `${prep}exec "$@"`, 'sh', process.execPath, '--import', import.meta.resolve('tsx'), nodeMainPath()];
+  if (o.dieWithParent === false) return { cmd: 'unshare', args: unshare, env: { [NS_MARK]: '1' } };
   return {
     cmd: 'setpriv',
     args: ['--pdeathsig', 'TERM', '--', 'unshare', '--mount', '--propagation', 'private', '--', '/bin/sh', '-c', `${prep}exec "$@"`, 'sh', process.execPath, '--import', import.meta.resolve('tsx'), nodeMainPath()],

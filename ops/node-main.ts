@@ -102,7 +102,7 @@ class NodeProcess {
     this.host = new NodeHost({ nc, directory, nodes, backends: this.backends, images: this.images, journal: this.journal, fn: this.fn, cfg, log, inspect });
     await this.host.start();
     if (cfg.placement) {
-      this.placement = new PlacementHost(nc, nodes, log.child({ part: 'placement' }), inspect);
+      this.placement = new PlacementHost(nc, nodes, log.child({ part: 'placement' }), inspect, cfg.waitForCapacity);
       await this.placement.start();
     }
     this.metrics = await startNodeMetrics({ nc, nodes, nodeId: cfg.nodeId, nodeDir: cfg.nodeDir, log });

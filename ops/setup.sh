@@ -60,7 +60,7 @@ if [ ! -d node_modules ] || [ package-lock.json -nt node_modules/.package-lock.j
 fi
 
 # The compiled CLI and SDK (dist/): rebuilt when a source is newer than the last build.
-if [ ! -f dist/.tsbuildinfo ] || [ -n "$(find protocol actors chronus runtime ops sdk package.json tsconfig.json tsconfig.build.json -newer dist/.tsbuildinfo \( -name '*.ts' -o -name '*.json' \) -print -quit)" ]; then
+if [ ! -f dist/.tsbuildinfo ] || [ -n "$(find protocol actors bridge chronus runtime ops sdk package.json tsconfig.json tsconfig.build.json -newer dist/.tsbuildinfo \( -name '*.ts' -o -name '*.json' \) -print -quit)" ]; then
   echo "paddock: building dist/" >&2
   npx tsc -p tsconfig.build.json >&2
   touch dist/.tsbuildinfo

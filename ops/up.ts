@@ -17,6 +17,7 @@ import { fileURLToPath } from 'node:url';
 import { DEFAULT_HOME, logsDir, natsUrlFile, upPidFile } from '../protocol/discovery.ts';
 import { sanitizeId } from '../runtime/config.ts';
 import { type RunningGateway, startUpGateway } from './gateway/index.ts';
+import { type RunningBridge, startBridge } from './bridge-main.ts';
 import { type NodeProcess, startNode } from './local.ts';
 import { type EmbeddedNats, startNats } from './nats.ts';
 
@@ -106,6 +107,7 @@ export async function up(o: { nats?: string; say: (s: string) => void; show: (s:
   let node: NodeProcess | undefined;
   let gateway: RunningGateway | undefined;
   let starting: Promise<NodeProcess> | undefined;
+  let bridge: RunningBridge | undefined;
   let wroteUrl: string | undefined;
   let wrotePid = false;
   let stopping = false;
@@ -119,6 +121,7 @@ export async function up(o: { nats?: string; say: (s: string) => void; show: (s:
     // stop during the first start (busybox layer build) leaves no node behind.
     if (!node && starting !== undefined) node = await starting.catch(() => undefined);
     await gateway?.close().catch(() => {});
+    await bridge?.stop({ release: true });
     await node?.stop();
     await nats?.stop();
     if (wroteUrl !== undefined) await removeIfOurs(urlFile, (s) => s.trim() === wroteUrl);
@@ -172,6 +175,8 @@ export async function up(o: { nats?: string; say: (s: string) => void; show: (s:
     void nd.exited.then((c) => shutdown(`node ${nd.id} exited with code ${c}; see ${nd.logFile ?? 'its log'}`, 1));
     if (stopping) return await finished;
     gateway = await startUpGateway(natsUrl, o.show);
+    // The bridge runs only when a provider is configured (bridge/config.ts).
+    if (process.env.PADDOCK_BRIDGE_PROVIDER) bridge = await startBridge({ natsUrl });
     await writeAtomic(pidFile, `${JSON.stringify(record({ nats: natsUrl, ...(nats?.proc.pid ? { natsPid: nats.proc.pid } : {}), ...(nd.proc.pid ? { nodePid: nd.proc.pid } : {}) }))}\n`);
     o.show(banner({ root: fileURLToPath(new URL(import.meta.url.endsWith('.js') ? '../../' : '../', import.meta.url)).replace(/\/$/, ''), natsUrl, embedded: nats !== undefined, home, nodeId, logs, urlFile, placement: process.env.PADDOCK_PLACEMENT !== '0' }));
     return await finished;

@@ -184,10 +184,17 @@ export const CreateRequest = Type.Object(
   {
     spec: Type.Optional(Type.Unsafe<Partial<SandboxSpec>>(Type.Ref('SandboxSpec'))),
     id: Type.Optional(Token('the new sandbox id (default: a fresh `sb-…`)')),
+    waitForCapacityMs: Type.Optional(
+      Type.Integer({
+        minimum: 0,
+        maximum: 3_600_000,
+        description: 'how long placement may hold the create when no node can admit it but the bridge says capacity is coming (default: the replica\'s PADDOCK_WAIT_FOR_CAPACITY_MS; 0: fail at once)',
+      }),
+    ),
   },
   { $id: 'CreateRequest' },
 );
-export type CreateRequest = { spec?: Partial<SandboxSpec>; id?: string };
+export type CreateRequest = { spec?: Partial<SandboxSpec>; id?: string; waitForCapacityMs?: number };
 export const CreateReply = Type.Object({ sandbox: SandboxInfo }, { $id: 'CreateReply' });
 export type CreateReply = Static<typeof CreateReply>;
 

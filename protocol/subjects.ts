@@ -17,6 +17,8 @@ export const Buckets = {
   sandboxes: 'pdk_sandboxes',
   /** rollout id → RolloutRecord (its sandbox, log retention): see chronus/. */
   rollouts: 'pdk_rollouts',
+  /** The bridge's leader lease (`leader` → {owner, ts}): one bridge replica acts at a time. */
+  bridge: 'pdk_bridge',
 } as const;
 
 /** JetStream streams (file storage). */
@@ -70,6 +72,16 @@ export const subjects = {
   /** Every step of one rollout. */
   chronusRollout: (rolloutId: string) => `${PREFIX}.chronus.${rolloutId}.*`,
   chronusAll: `${PREFIX}.chronus.>`,
+  /**
+   * The bridge (bridge/): placement publishes the creates it holds on `demand`; the leading bridge
+   * publishes `state` (whether capacity can come, and if not why) every second, each `decision`
+   * with its reason, and answers `status`.
+   */
+  bridgeDemand: `${PREFIX}.bridge.demand`,
+  bridgeState: `${PREFIX}.bridge.state`,
+  bridgeDecision: `${PREFIX}.bridge.decision`,
+  bridgeStatus: `${PREFIX}.bridge.status`,
+  bridgeAll: `${PREFIX}.bridge.>`,
 } as const;
 
 /** Splits `pdk.v1.sb.<id>.<verb...>` into id and verb; null for anything else. */

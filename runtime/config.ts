@@ -39,6 +39,8 @@ export interface NodeConfig {
   natsUrl?: string;
   /** Run a placement replica in this process too. */
   placement: boolean;
+  /** How long the placement replica holds a create no node can admit while the bridge says capacity is coming, and how many at most. */
+  waitForCapacity: { ms: number; maxWaiting: number };
   overcommit: { cpu: number; memory: number };
   maxSandboxes: number;
   /**
@@ -121,6 +123,8 @@ export const ENV_DOC: Record<string, string> = {
   PADDOCK_SIM_SANDBOXES: 'sim backend: simulated sandboxes per node at most (default 10000)',
   PADDOCK_SIM_LATENCY_MS: 'sim backend: how long each verb takes, e.g. create=15,exec=1,hibernate=20 (default: none)',
   PADDOCK_PLACEMENT: '1 = this node also runs a placement replica (default 1)',
+  PADDOCK_WAIT_FOR_CAPACITY_MS: 'placement: how long a create waits for capacity the bridge promises (default 30000; 0: never waits)',
+  PADDOCK_MAX_WAITING_CREATES: 'placement: creates one replica holds waiting for capacity at most (default 10000)',
   PADDOCK_CPU_OVERCOMMIT: 'CPU capacity = cores × this (default 16)',
   PADDOCK_MEMORY_OVERCOMMIT: 'memory capacity = RAM × this (default 1.5)',
   PADDOCK_MAX_SANDBOXES: 'sandboxes per node at most (default 4096)',
@@ -209,6 +213,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): NodeConfig {
     backends: backendKinds(env.PADDOCK_BACKENDS),
     natsUrl: env.NATS_URL || undefined,
     placement: (env.PADDOCK_PLACEMENT ?? '1') !== '0',
+    waitForCapacity: { ms: env.PADDOCK_WAIT_FOR_CAPACITY_MS === '0' ? 0 : numEnv(env, 'PADDOCK_WAIT_FOR_CAPACITY_MS', 30_000), maxWaiting: numEnv(env, 'PADDOCK_MAX_WAITING_CREATES', 10_000) },
     overcommit: { cpu: numEnv(env, 'PADDOCK_CPU_OVERCOMMIT', 16), memory: numEnv(env, 'PADDOCK_MEMORY_OVERCOMMIT', 1.5) },
     maxSandboxes: numEnv(env, 'PADDOCK_MAX_SANDBOXES', 4096),
     capacity: {

@@ -42,6 +42,7 @@ export const COMMANDS = {
   info: { json: { type: 'boolean' } },
   files: { json: { type: 'boolean' } },
   chronus: {},
+  bridge: { json: { type: 'boolean' } },
   help: {},
 } satisfies Record<string, Options>;
 

@@ -23,6 +23,9 @@ Run Paddock on this host:
   logs [node|nats] [-f] [-n LINES] [--json]
                            a node's log (or nats-server's); -f follows it
   node                     run one node in the foreground, joining $NATS_URL
+  node drain|undrain <id>  cordon a node (placement skips it; its sandboxes run on), or undo it
+  bridge status [--json]   the bridge: its machines, their state and age, pending demand, the
+                           last decisions and their reasons
 
 Drive sandboxes:
   create [--image busybox] [--backend container] [--cpu N] [--memory MiB] [--ttl SEC]
@@ -68,7 +71,8 @@ ${Object.entries(env)
 async function usageText(): Promise<string> {
   const { ENV_DOC } = await import('../../runtime/config.ts');
   const { CHRONUS_ENV_DOC } = await import('../../chronus/config.ts');
-  return usage({ ...ENV_DOC, ...CHRONUS_ENV_DOC });
+  const { BRIDGE_ENV_DOC } = await import('../../bridge/config.ts');
+  return usage({ ...ENV_DOC, ...CHRONUS_ENV_DOC, ...BRIDGE_ENV_DOC });
 }
 
 async function main(argv: string[]): Promise<number> {
@@ -86,7 +90,10 @@ async function main(argv: string[]): Promise<number> {
     case 'up':
       return (await import('./service.ts')).upCmd(a);
     case 'node':
+      if (a.positionals.length > 0) return (await import('./bridge.ts')).nodeVerb(a);
       return (await import('./service.ts')).nodeCmd(a);
+    case 'bridge':
+      return (await import('./bridge.ts')).bridgeCli(a);
     case 'status':
       return (await import('./service.ts')).status(a);
     case 'down':
