@@ -177,3 +177,80 @@ test.serial('a stream whose node is killed ends with UNAVAILABLE; the node resta
   t.is(rec?.state, 'failed');
   t.is(rec?.reason, 'node_restarted');
 });
+
+/** `paddock up` in a home of its own, as a person runs it; stopped (SIGTERM) by the teardown. */
+async function paddockUp(t: { teardown(fn: () => Promise<void>): void }) {
+  const home = await mkdtemp(join(tmpdir(), 'paddock-faults-up-'));
+  const env: NodeJS.ProcessEnv = { ...process.env, PADDOCK_HOME: home, PADDOCK_NODE_ID: `f${process.pid}up`, PADDOCK_FN_BUILD: '0', PADDOCK_IMAGES_DIR: SHARED_IMAGES, PADDOCK_HEARTBEAT_MS: '500' };
+  delete env.NATS_URL;
+  const child: ChildProcess = spawn(process.execPath, ['--import', 'tsx', join(ROOT, 'ops/cli/main.ts'), 'up'], { cwd: ROOT, env, detached: true, stdio: ['ignore', 'pipe', 'pipe'] });
+  let text = '';
+  child.stdout?.on('data', (d: Buffer) => (text += d.toString()));
+  child.stderr?.on('data', (d: Buffer) => (text += d.toString()));
+  const exited = new Promise<number | null>((r) => child.on('exit', (c) => r(c)));
+  t.teardown(async () => {
+    if (child.exitCode === null && child.signalCode === null && child.pid) process.kill(child.pid, 'SIGTERM');
+    await exited;
+    await rm(home, { recursive: true, force: true });
+  });
+  const ready = await eventually(async () => text.includes('Paddock is up') || child.exitCode !== null, 300_000);
+  if (!ready || !text.includes('Paddock is up')) throw new Error(`paddock up did not come up:\n${text}`);
+  const record = () => JSON.parse(readFileSync(join(home, 'paddock.pid'), 'utf8')) as { pid: number; nats: string; natsPid?: number; nodePid?: number };
+  return { child, home, exited, record, out: () => text };
+}
+
+function alive(pid: number | undefined): boolean {
+  if (!pid) return false;
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+test.serial('paddock up restarts a nats-server and a node that died, and stops NATS only when stopped', async (t) => {
+  t.timeout(300_000);
+  const up = await paddockUp(t);
+  const first = up.record();
+  const pdk = await Paddock.connect({ servers: first.nats, timeoutMs: 30_000 });
+  t.teardown(() => Promise.race([pdk.close().catch(() => {}), sleep(5000)]).then(() => {}));
+  const sb = await pdk.sandboxes.create({ image: 'busybox', memoryMiB: 64 });
+  await sb.files.write('/tmp/state', 'kept');
+
+  // nats-server dies: up starts it again on the same port; the sandbox never notices.
+  process.kill(first.natsPid as number, 'SIGTERM');
+  const second = await eventually(async () => {
+    const r = up.record();
+    return r.natsPid !== first.natsPid && alive(r.natsPid) ? r : undefined;
+  });
+  t.truthy(second, up.out());
+  t.is(second?.nats, first.nats);
+  t.is(up.child.exitCode, null, 'up is still running');
+  const r = await eventually(() => sb.exec(['cat', '/tmp/state'], { timeoutMs: 5000 }));
+  t.is(r?.stdout, 'kept');
+  t.is((await sb.refresh()).state, 'running');
+
+  // The node is SIGKILLed: up starts it again; its start cleans up and says what was lost.
+  process.kill(first.nodePid as number, 'SIGKILL');
+  const third = await eventually(async () => {
+    const rec = up.record();
+    return rec.nodePid !== first.nodePid && alive(rec.nodePid) ? rec : undefined;
+  }, 120_000);
+  t.truthy(third, up.out());
+  t.true(alive(third?.natsPid), 'NATS stayed up while the node was down');
+  const rec = await eventually(async () => {
+    const s = (await pdk.sandboxes.list({ all: true })).find((x) => x.id === sb.id);
+    return s?.state === 'failed' ? s : undefined;
+  });
+  t.is(rec?.reason, 'node_restarted');
+  const again = await pdk.sandboxes.create({ image: 'busybox', memoryMiB: 64 });
+  t.is((await again.exec(['echo', 'ok'])).stdout, 'ok\n');
+  await again.kill();
+
+  // Stopped on purpose: now everything goes, NATS last.
+  process.kill(up.child.pid as number, 'SIGTERM');
+  await up.exited;
+  t.false(alive(third?.natsPid), 'nats-server stopped with up');
+  t.false(alive(third?.nodePid), 'the node stopped with up');
+});
