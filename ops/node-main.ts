@@ -155,7 +155,7 @@ async function main(): Promise<void> {
   }
   const cfg = loadConfig();
   const log = createLogger('paddock-node', cfg.logLevel).child({ node: cfg.nodeId });
-  setupTelemetry('paddock-node', { tracesFile: join(logsDir(cfg.home), `traces-node-${cfg.nodeId}.jsonl`), processors: [metricsSpanProcessor()] });
+  setupTelemetry('paddock-node', { tracesFile: join(logsDir(cfg.home), `traces-node-${cfg.nodeId}.jsonl`), instanceId: cfg.nodeId, processors: [metricsSpanProcessor()] });
   profileOnSignal(`node-${cfg.nodeId}`, log);
   const node = new NodeProcess(cfg, log);
   let stopping = false;

@@ -11,7 +11,10 @@ import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { JetStreamApiError, jetstreamManager } from '@nats-io/jetstream';
+import { connect } from '@nats-io/transport-node';
 import anyTest, { type TestFn } from 'ava';
+import { natsFailure } from '../protocol/index.ts';
 import { type NodeProcess, startNode } from '../ops/local.ts';
 import { type ExecStreamEvent, Paddock } from '../sdk/index.ts';
 import { type ClusterContext, SHARED_IMAGES, startTestCluster, stopTestCluster } from './helpers/cluster.ts';
@@ -253,4 +256,26 @@ test.serial('paddock up restarts a nats-server and a node that died, and stops N
   await up.exited;
   t.false(alive(third?.natsPid), 'nats-server stopped with up');
   t.false(alive(third?.nodePid), 'the node stopped with up');
+});
+
+test('NATS and JetStream failures are UNAVAILABLE with what and why, not raw client errors', async (t) => {
+  // The error JetStream gave `sandboxes.list` on a full disk, as the client raises it.
+  const full = natsFailure(new JetStreamApiError({ code: 500, err_code: 10049, description: 'error creating store for consumer: write: no space left on device' }), 'sandboxes.list');
+  t.is(full?.code, 'UNAVAILABLE');
+  t.like(full?.detail, { what: 'sandboxes.list', reason: 'disk_full' });
+  t.regex(full?.message ?? '', /^sandboxes\.list is unavailable: JetStream cannot write its store/);
+  // A real one: JetStream asked about a stream it has not.
+  const nc = await connect({ servers: t.context.cluster.url });
+  try {
+    const err = await (await jetstreamManager(nc)).streams.info('PDK_NO_SUCH_STREAM').then(
+      () => undefined,
+      (e: unknown) => e,
+    );
+    const mapped = natsFailure(err, 'the bucket');
+    t.is(mapped?.code, 'UNAVAILABLE', String(err));
+    t.is(mapped?.toWire().retryable, true);
+  } finally {
+    await nc.close();
+  }
+  t.is(natsFailure(new Error('not a NATS error'), 'x'), undefined);
 });
