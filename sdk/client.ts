@@ -59,7 +59,7 @@ export class Paddock {
 
   private constructor(
     private readonly nc: NatsConnection,
-    t: Transport,
+    private readonly t: Transport,
   ) {
     this.sandboxes = new Sandboxes(t);
     this.rollouts = new Rollouts(t, this.sandboxes);
@@ -84,6 +84,9 @@ export class Paddock {
   }
 
   async close(): Promise<void> {
+    // Draining needs a server to flush to: with NATS away (the client reconnects for ever) it
+    // would wait for one, so a connection that is down is closed at once.
+    if (!this.t.isConnected) return this.nc.close();
     await this.nc.drain();
   }
 

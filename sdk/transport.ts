@@ -39,6 +39,11 @@ export class Transport {
     this.down?.wake();
   }
 
+  /** Whether the connection is up (not reconnecting). */
+  get isConnected(): boolean {
+    return this.down === undefined;
+  }
+
   /** Calls `fn` after each reconnect until the returned function is called (a stream asks for what it missed). */
   onReconnect(fn: () => void): () => void {
     this.reconnectListeners.add(fn);

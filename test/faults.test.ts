@@ -251,6 +251,7 @@ test.serial('paddock up restarts a nats-server and a node that died, and stops N
   t.is((await again.exec(['echo', 'ok'])).stdout, 'ok\n');
   await again.kill();
 
+  await pdk.close();
   // Stopped on purpose: now everything goes, NATS last.
   process.kill(up.child.pid as number, 'SIGTERM');
   await up.exited;
