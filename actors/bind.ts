@@ -4,10 +4,10 @@
  * becomes an error reply with a stable code; nothing a client sends can crash the process.
  */
 import type { Msg, NatsConnection, Subscription } from '@nats-io/transport-node';
-import { SpanKind, SpanStatusCode, trace } from '@opentelemetry/api';
+import { type Attributes, SpanKind, SpanStatusCode, trace } from '@opentelemetry/api';
 import type { Logger } from 'pino';
-import { decodeRequest, encode, Limits, ProtocolError, toWireError } from '../protocol/index.ts';
-import { traceContext } from '../protocol/trace.ts';
+import { decodeRequest, encode, Limits, natsFailure, ProtocolError, subjectTemplate, toWireError } from '../protocol/index.ts';
+import { Attr, traceContext } from '../protocol/trace.ts';
 
 export const tracer = trace.getTracer('paddock');
 
@@ -27,8 +27,10 @@ export interface ServeOptions {
   /** Largest payload accepted before decoding. */
   maxBytes?: number;
   log: Logger;
-  /** Span name; defaults to the subject. */
+  /** The operation in span names and logs; defaults to the subject's verb. */
   name?: string;
+  /** The node serving (`paddock.node.id` on its spans). */
+  nodeId?: string;
 }
 
 export function encodeOk(result: unknown): Uint8Array {
@@ -39,19 +41,46 @@ export function encodeError(err: unknown): Uint8Array {
   return encode({ ok: false, error: toWireError(err) });
 }
 
+/** When each NATS failure (by what and reason) was last logged: an outage is one warning a minute, not one per request. */
+const logged = new Map<string, number>();
+const LOG_EVERY_MS = 60_000;
+
+function logOnce(log: Logger, failure: ProtocolError): void {
+  const key = `${failure.detail?.what}:${failure.detail?.reason}`;
+  const now = Date.now();
+  if (now - (logged.get(key) ?? 0) < LOG_EVERY_MS) return;
+  logged.set(key, now);
+  log.warn({ err: failure.cause, code: failure.code, ...failure.detail }, failure.message);
+}
+
 /** Runs one request through its handler and replies. Never throws. */
 export async function handle(msg: Msg, handler: Handler, opts: ServeOptions): Promise<void> {
   const parent = traceContext(msg.headers);
-  await tracer.startActiveSpan(opts.name ?? msg.subject, { kind: SpanKind.SERVER, attributes: { 'messaging.destination': msg.subject } }, parent, async (span) => {
+  const { template, op, sandbox } = subjectTemplate(msg.subject);
+  // `<operation> <subject template>`, per the messaging conventions: one name per verb, whatever the sandbox.
+  const operation = sandbox || template.includes('{group}') ? op : (opts.name ?? op);
+  const attributes: Attributes = {
+    [Attr.messagingSystem]: 'nats',
+    [Attr.operationType]: 'process',
+    [Attr.operationName]: operation,
+    [Attr.destinationName]: msg.subject,
+    [Attr.destinationTemplate]: template,
+  };
+  if (sandbox) attributes[Attr.sandboxId] = sandbox;
+  if (opts.nodeId) attributes[Attr.nodeId] = opts.nodeId;
+  await tracer.startActiveSpan(`${operation} ${template}`, { kind: SpanKind.SERVER, attributes }, parent, async (span) => {
     try {
       const max = opts.maxBytes ?? Limits.requestBytesMax;
       if (msg.data.length > max) throw new ProtocolError('PAYLOAD_TOO_LARGE', `request of ${msg.data.length} bytes exceeds ${max}`);
       const result = await handler({ subject: msg.subject, body: decodeRequest(msg.data), msg });
       if (result !== STREAMED && msg.reply) msg.respond(encodeOk(result ?? null));
-    } catch (err) {
+    } catch (thrown) {
+      const failure = natsFailure(thrown, opts.name ?? msg.subject);
+      const err = failure ?? thrown;
+      if (failure) logOnce(opts.log, failure);
       const wire = toWireError(err);
       span.setStatus({ code: SpanStatusCode.ERROR, message: wire.message });
-      span.setAttribute('paddock.error.code', wire.code);
+      span.setAttribute(Attr.errorCode, wire.code);
       if (wire.code === 'INTERNAL') {
         span.recordException(err instanceof Error ? err : new Error(String(err)));
         opts.log.error({ err, subject: msg.subject }, 'internal error');

@@ -30,6 +30,7 @@ import {
   scanKv,
   subjects,
   toWireError,
+  unavailable,
   validateCreate,
   validateNodeGroup,
 } from '../protocol/index.ts';
@@ -69,7 +70,7 @@ export interface NodeHostDeps {
   images: NodeImages;
   journal?: StepJournal;
   fn?: FnHost;
-  cfg: Pick<NodeConfig, 'nodeId' | 'home' | 'placement' | 'heartbeatMs' | 'pressure' | 'createConcurrency' | 'maxOutputBytes'>;
+  cfg: Pick<NodeConfig, 'nodeId' | 'home' | 'placement' | 'heartbeatMs' | 'pressure' | 'createConcurrency' | 'maxOutputBytes'> & { streamBufferBytes?: number };
   log: Logger;
   clock?: NodeClock;
   /** The memory gauge (default: /proc/meminfo and PSI). */
@@ -96,6 +97,9 @@ export class NodeHost {
   /** A watch is running (they must not overlap: each may take a hibernation per victim). */
   private reclaiming: boolean = false;
   private imageNames: string[] = [];
+  /** Ended sandboxes whose final record did not reach the directory yet. */
+  private readonly unwritten = new Map<string, SandboxHost>();
+  private beatFailing = false;
 
   constructor(private readonly deps: NodeHostDeps) {
     this.clock = deps.clock ?? realClock;
@@ -122,11 +126,11 @@ export class NodeHost {
     this.supervisor.start();
     const { nc } = this.deps;
     const log = this.log;
-    this.subs.push(serve(nc, subjects.node(this.id, 'create'), { log, name: 'node.create', maxBytes: Limits.createBytesMax }, (req) => this.create(req.body)));
-    this.subs.push(serve(nc, subjects.node(this.id, 'group'), { log, name: 'node.group' }, (req) => this.group(req.body)));
-    this.subs.push(serve(nc, subjects.node(this.id, 'info'), { log, name: 'node.info' }, () => this.info()));
-    this.subs.push(serve(nc, subjects.node(this.id, 'drain'), { log, name: 'node.drain' }, () => this.setDraining(true)));
-    this.subs.push(serve(nc, subjects.node(this.id, 'undrain'), { log, name: 'node.undrain' }, () => this.setDraining(false)));
+    this.subs.push(serve(nc, subjects.node(this.id, 'create'), { log, nodeId: this.id, name: 'node.create', maxBytes: Limits.createBytesMax }, (req) => this.create(req.body)));
+    this.subs.push(serve(nc, subjects.node(this.id, 'group'), { log, nodeId: this.id, name: 'node.group' }, (req) => this.group(req.body)));
+    this.subs.push(serve(nc, subjects.node(this.id, 'info'), { log, nodeId: this.id, name: 'node.info' }, () => this.info()));
+    this.subs.push(serve(nc, subjects.node(this.id, 'drain'), { log, nodeId: this.id, name: 'node.drain' }, () => this.setDraining(true)));
+    this.subs.push(serve(nc, subjects.node(this.id, 'undrain'), { log, nodeId: this.id, name: 'node.undrain' }, () => this.setDraining(false)));
     await this.beat();
     this.timers.push(this.clock.every(this.deps.cfg.heartbeatMs, () => void this.beat()));
     this.timers.push(this.clock.every(this.deps.cfg.pressure.intervalMs, () => void this.watchMemory()));
@@ -142,6 +146,44 @@ export class NodeHost {
       await directory.put(key, encode(ended));
       nc.publish(subjects.event(key, 'failed'), encode(ended));
     }
+  }
+
+  /**
+   * NATS is back after an outage: the node record at once (placement may have dropped the node),
+   * then each sandbox's current record and event, live ones and those that ended meanwhile, since
+   * the writes made while NATS was away failed.
+   */
+  async reconnected(): Promise<void> {
+    await this.beat();
+    const { written, failed } = await this.republish([...this.sandboxes.values(), ...this.unwritten.values()]);
+    // JetStream may need a few seconds after a restart to read its store back: what fails now,
+    // the heartbeat writes again (repair) until it gets in.
+    this.log.info({ written, failed }, 're-published sandbox records after reconnect');
+  }
+
+  private async republish(hosts: SandboxHost[]): Promise<{ written: number; failed: number }> {
+    const limit = new Semaphore(64);
+    let written = 0;
+    let failed = 0;
+    await Promise.all(
+      hosts.map((h) =>
+        limit.run(async () => {
+          if (await h.republish()) {
+            written++;
+            this.unwritten.delete(h.id);
+          } else failed++;
+        }),
+      ),
+    );
+    return { written, failed };
+  }
+
+  /** Records the directory does not have right (their write failed): written again at each heartbeat. */
+  private async repair(): Promise<void> {
+    const stale = [...[...this.sandboxes.values()].filter((h) => h.stale), ...this.unwritten.values()];
+    if (stale.length === 0) return;
+    const r = await this.republish(stale);
+    if (r.written > 0) this.log.info(r, 'directory records repaired');
   }
 
   record(): NodeRecord {
@@ -180,9 +222,15 @@ export class NodeHost {
       // Images built while the node runs become placeable at the next beat.
       this.imageNames = await this.deps.images.list();
       await this.deps.nodes.put(this.id, encode(this.record()));
+      if (this.beatFailing) this.log.info('heartbeat written again');
+      this.beatFailing = false;
     } catch (err) {
-      this.log.warn({ err }, 'heartbeat failed');
+      // Once per outage: a node cut off from NATS would otherwise log every beat.
+      if (!this.beatFailing) this.log.warn({ err: unavailable(err, 'the node table') }, 'heartbeat failed');
+      this.beatFailing = true;
+      return;
     }
+    await this.repair();
   }
 
   /** Drain: the sandboxes keep running, no new ones come; the record says so at once, so placement skips the node. */
@@ -222,12 +270,17 @@ export class NodeHost {
         nodeId: this.id,
         log: this.log,
         maxOutputBytes: this.deps.cfg.maxOutputBytes,
+        ...(this.deps.cfg.streamBufferBytes !== undefined ? { streamBufferBytes: this.deps.cfg.streamBufferBytes } : {}),
         maxPayload: this.deps.nc.info?.max_payload ?? 1024 * 1024,
         journal: this.deps.journal,
         ...(this.deps.inspect ? { inspect: this.deps.inspect } : {}),
         onFinal: (h) => {
           this.sandboxes.delete(h.id);
           this.supervisor.send({ type: 'RELEASE', id: h.id });
+          // An end whose record could not be written (NATS away) is written after the reconnect.
+          void h.written().then((ok) => {
+            if (!ok) this.unwritten.set(h.id, h);
+          });
         },
       },
       id,

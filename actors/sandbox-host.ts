@@ -5,6 +5,7 @@
 import { cpus } from 'node:os';
 import type { KV } from '@nats-io/kv';
 import type { NatsConnection, Subscription } from '@nats-io/transport-node';
+import { context, type Span, SpanKind, SpanStatusCode, trace } from '@opentelemetry/api';
 import type { Logger } from 'pino';
 import { type Actor, type ActorOptions, type ActorSystem, createActor, fromPromise } from 'xstate';
 import {
@@ -23,6 +24,8 @@ import {
   type SandboxVerb,
   SandboxVerbTable,
   subjects,
+  subjectTemplate,
+  unavailable,
   validateExec,
   validateSandboxRequest,
   validateStep,
@@ -30,7 +33,9 @@ import {
 import type { StepJournal } from '../chronus/journal.ts';
 import { type Backend, canSnapshot, EXEC_KILLED, type ExecOptions, type ExecOutcome, hasDisplay } from '../runtime/backend.ts';
 import { Semaphore } from '../runtime/limit.ts';
-import { type Request, STREAMED, serve } from './bind.ts';
+import { Attr } from '../protocol/trace.ts';
+import { type Request, STREAMED, serve, tracer } from './bind.ts';
+import { ExecStream, STREAM_KEEP_MS } from './exec-stream.ts';
 import type { Inspector } from './inspect.ts';
 import { allows, isAsleep, isFinal, publicState, type SandboxContext, type SandboxEvent, sandboxMachine } from './sandbox.ts';
 
@@ -41,6 +46,8 @@ export interface SandboxHostDeps {
   nodeId: string;
   log: Logger;
   maxOutputBytes: number;
+  /** Output each streamed exec keeps for exec.resume (default STREAM_BUFFER_BYTES). */
+  streamBufferBytes?: number;
   /** Largest message the connection may publish; bounds a non-streamed exec's reply. */
   maxPayload: number;
   clock?: ActorOptions<typeof sandboxMachine>['clock'];
@@ -112,6 +119,8 @@ export class SandboxHost {
   private sub?: Subscription;
   private logger?: Logger;
   private readonly execs = new Map<string, AbortController>();
+  /** Streamed execs, running and recently ended (STREAM_KEEP_MS), by execId. */
+  private readonly streams = new Map<string, ExecStream>();
   /**
    * Execs of this sandbox starting at once; the rest wait their turn. Starting one (`crun exec`:
    * joining the namespaces and cgroups) costs the node's CPU, not the sandbox's quota: 1,000
@@ -124,6 +133,8 @@ export class SandboxHost {
   private published: Promise<void> = Promise.resolve();
   private readonly waiters: Array<{ states: SandboxState[]; resolve: () => void }> = [];
   private lastActivity = Date.now();
+  /** The last directory write failed (NATS away): the record there is stale until `republish`. */
+  private staleRecord = false;
 
   constructor(
     private readonly deps: SandboxHostDeps,
@@ -176,7 +187,7 @@ export class SandboxHost {
   /** Starts the actor; resolves once the sandbox runs or has failed, with its record published. */
   async start(): Promise<SandboxInfo> {
     // The node's logger: serve logs only failures, and their subject names the sandbox.
-    this.sub = serve(this.deps.nc, subjects.sandboxAll(this.id), { log: this.deps.log, name: 'sandbox' }, (req) => this.handle(req));
+    this.sub = serve(this.deps.nc, subjects.sandboxAll(this.id), { log: this.deps.log, nodeId: this.deps.nodeId }, (req) => this.handle(req));
     this.publishEvent();
     this.actor.start();
     await this.until(['running', 'stopped', 'failed']);
@@ -266,13 +277,7 @@ export class SandboxHost {
     else this.log.info({ state, from, ...(reason ? { reason } : {}), ...(ctx.sleepReason && state !== 'running' ? { sleepReason: ctx.sleepReason } : {}) }, `sandbox ${state}`);
     const record = encode(this.info);
     this.publishEvent(record);
-    this.published = this.published.then(async () => {
-      try {
-        await this.deps.directory.put(this.id, record);
-      } catch (err) {
-        this.log.warn({ err }, 'directory write failed');
-      }
-    });
+    this.published = this.published.then(() => this.write(record));
     for (const w of this.waiters.splice(0)) {
       if (w.states.includes(state)) w.resolve();
       else this.waiters.push(w);
@@ -281,6 +286,35 @@ export class SandboxHost {
       this.sub?.unsubscribe();
       this.deps.onFinal(this);
     }
+  }
+
+  private async write(record: Uint8Array): Promise<void> {
+    try {
+      await this.deps.directory.put(this.id, record);
+      this.staleRecord = false;
+    } catch (err) {
+      if (!this.staleRecord) this.log.warn({ err: unavailable(err, 'the sandbox directory') }, 'directory write failed: the record is written again once NATS is back');
+      this.staleRecord = true;
+    }
+  }
+
+  /** Whether the record the directory holds is the current one (after the writes under way). */
+  async written(): Promise<boolean> {
+    await this.published;
+    return !this.staleRecord;
+  }
+
+  /** The directory's record of this sandbox is out of date (a write failed). */
+  get stale(): boolean {
+    return this.staleRecord;
+  }
+
+  /** Writes the current record and event again (after a reconnect); whether the directory has it. */
+  async republish(): Promise<boolean> {
+    const record = encode(this.info);
+    this.publishEvent(record);
+    this.published = this.published.then(() => this.write(record));
+    return this.written();
   }
 
   private publishEvent(record: Uint8Array = encode(this.info)): void {
@@ -292,6 +326,7 @@ export class SandboxHost {
   }
 
   private async handle(req: Request): Promise<unknown> {
+    trace.getActiveSpan()?.setAttribute(Attr.backend, this.spec.backend);
     const verb = parseSandboxSubject(req.subject)?.verb ?? '';
     if (!isSandboxVerb(verb)) throw new ProtocolError('UNKNOWN_VERB', `unknown sandbox verb '${verb}'`);
     const row = SandboxVerbTable[verb];
@@ -331,6 +366,13 @@ export class SandboxHost {
     return ctl !== undefined;
   }
 
+  /** @internal exec.resume: the events of a stream from `from` on, sent again to its inbox. */
+  resumeExec(b: { execId: string; from: number; offset?: number }): { resent: number; next: number; done: boolean } {
+    const stream = this.streams.get(b.execId);
+    if (!stream) throw new ProtocolError('NOT_FOUND', `no stream ${b.execId} in sandbox ${this.id} (it ended over ${STREAM_KEEP_MS / 1000} s ago, or never was)`, { detail: { execId: b.execId } });
+    return stream.resume(b.from, b.offset);
+  }
+
   /** @internal a files.write, through the command log when it carries a rollout step. */
   writeFile(body: { rolloutId?: string; step?: number }, w: { path: string; data: Uint8Array; offset?: number; mode?: number }, write: () => Promise<{ size: number }>) {
     const step = validateStep(body);
@@ -347,15 +389,38 @@ export class SandboxHost {
     if (r.stream) {
       const reply = req.msg.reply;
       if (!reply) throw new ProtocolError('INVALID_REQUEST', 'a streamed exec needs a reply subject');
-      const send = (ev: ExecEvent) => this.deps.nc.publish(reply, encode(ev));
+      if (this.streams.has(execId)) throw new ProtocolError('INVALID_REQUEST', `execId ${execId} was used by a stream of the last ${STREAM_KEEP_MS / 1000} s`);
+      const nc = this.deps.nc;
+      const log = this.log;
+      // Publishing while NATS reconnects drops the message (the client keeps nothing for a server
+      // it is not connected to): the stream's buffer keeps it for exec.resume.
+      const stream = new ExecStream((ev: ExecEvent) => {
+        try {
+          nc.publish(reply, encode(ev));
+        } catch (err) {
+          log.debug({ err, execId }, 'stream event not sent; kept for exec.resume');
+        }
+      }, this.deps.streamBufferBytes);
+      this.streams.set(execId, stream);
       this.execs.set(execId, ctl);
+      // The span lasts as long as the stream, not as long as the request that started it.
+      const span = startStreamSpan(this, req, execId);
       // The request returns at once; the stream is activity until its exit, so the idle timer waits.
       this.actor.send({ type: 'ACTIVITY_START' });
-      void this.startExec({ ...base, discard: true, onOutput: (s, d) => send({ t: s, d }) })
-        .then((o) => send({ t: 'exit', exitCode: o.exitCode, ...(o.signal ? { signal: o.signal } : {}), durationMs: o.durationMs, truncated: o.truncated, timedOut: o.timedOut, verdict: verdictOf(o) }))
-        .catch((err: unknown) => send({ t: 'error', error: { code: 'BACKEND_FAILED', message: (err as Error).message, retryable: true } }))
+      void this.startExec({ ...base, discard: true, onOutput: (s, d) => stream.emit({ t: s, d }) })
+        .then((o) => {
+          const verdict = verdictOf(o);
+          endExecSpan(span, verdict, o.exitCode);
+          stream.emit({ t: 'exit', exitCode: o.exitCode, ...(o.signal ? { signal: o.signal } : {}), durationMs: o.durationMs, truncated: o.truncated, timedOut: o.timedOut, verdict });
+        })
+        .catch((err: unknown) => {
+          failSpan(span, 'BACKEND_FAILED', (err as Error).message);
+          stream.emit({ t: 'error', error: { code: 'BACKEND_FAILED', message: (err as Error).message, retryable: true } });
+        })
         .finally(() => {
+          span.end();
           this.execs.delete(execId);
+          setTimeout(() => this.streams.delete(execId), STREAM_KEEP_MS).unref();
           this.lastActivity = Date.now();
           this.actor.send({ type: 'ACTIVITY_END' });
         });
@@ -366,7 +431,12 @@ export class SandboxHost {
     }
     this.execs.set(execId, ctl);
     try {
-      const run = async () => toResult(await this.startExec(base));
+      const run = async () => {
+        const result = toResult(await this.startExec(base));
+        const span = trace.getActiveSpan();
+        if (span) endExecSpan(span, result.verdict, result.exitCode);
+        return result;
+      };
       if (r.rolloutId !== undefined && r.step !== undefined) return await this.journal().exec({ rolloutId: r.rolloutId, step: r.step, sandbox: this.id }, r, run);
       return await run();
     } finally {
@@ -393,6 +463,7 @@ const HANDLERS: Record<SandboxVerb, (h: SandboxHost, req: Request) => Promise<un
   restore: (h) => h.lifecycle({ type: 'RESTORE' }),
   exec: (h, req) => h.exec(req),
   'exec.cancel': async (h, req) => ({ cancelled: h.cancelExec(validateSandboxRequest('exec.cancel', req.body).execId) }),
+  'exec.resume': async (h, req) => h.resumeExec(validateSandboxRequest('exec.resume', req.body)),
   'files.read': async (h, req) => {
     const b = validateSandboxRequest('files.read', req.body);
     return h.backend.files(h.id).read(b.path, b.offset, b.length);
@@ -443,4 +514,39 @@ function toResult(o: ExecOutcome): ExecResult {
   const r: ExecResult = { verdict: verdictOf(o), exitCode: o.exitCode, stdout: o.stdout, stderr: o.stderr, durationMs: o.durationMs, truncated: o.truncated, timedOut: o.timedOut };
   if (o.signal) r.signal = o.signal;
   return r;
+}
+
+/** The span of a streamed exec: started with its request, ended with its exit (or failure). */
+function startStreamSpan(h: SandboxHost, req: Request, execId: string): Span {
+  const subject = req.subject;
+  return tracer.startSpan(
+    `exec.stream ${subjectTemplate(subject).template}`,
+    {
+      kind: SpanKind.PRODUCER,
+      attributes: {
+        [Attr.messagingSystem]: 'nats',
+        [Attr.operationType]: 'send',
+        [Attr.operationName]: 'exec.stream',
+        [Attr.destinationName]: req.msg.reply ?? subject,
+        [Attr.destinationTemplate]: subjectTemplate(subject).template,
+        [Attr.sandboxId]: h.id,
+        [Attr.nodeId]: h.info.node,
+        [Attr.backend]: h.spec.backend,
+        [Attr.execId]: execId,
+      },
+    },
+    context.active(),
+  );
+}
+
+function endExecSpan(span: Span, verdict: ExecVerdict, exitCode: number): void {
+  span.setAttributes({ [Attr.execVerdict]: verdict, [Attr.execExitCode]: exitCode });
+  // A limit that ended the command is the platform's verdict on it, an error of the call; a
+  // command that exits non-zero on its own is not.
+  if (verdict !== 'OK') span.setStatus({ code: SpanStatusCode.ERROR, message: verdict });
+}
+
+function failSpan(span: Span, code: string, message: string): void {
+  span.setAttribute(Attr.errorCode, code);
+  span.setStatus({ code: SpanStatusCode.ERROR, message });
 }

@@ -122,12 +122,15 @@ export interface LocalCluster {
   nats: EmbeddedNats;
   url: string;
   nodes: NodeProcess[];
+  /** Stops nats-server (if it still runs) and starts it again on the same port with the same store. */
+  restartNats(): Promise<EmbeddedNats>;
   stop(): Promise<void>;
 }
 
 /** nats-server + `nodes` node processes under `home` (node ids `<prefix>1`, `<prefix>2`, …). */
 export async function startLocalCluster(o: { home: string; nodes?: number; prefix?: string; imagesDir?: string; env?: Record<string, string>; inheritLogs?: boolean }): Promise<LocalCluster> {
-  const nats = await startNats({ dataDir: join(o.home, 'nats'), logFile: join(logsDir(o.home), 'nats-server.log') });
+  const natsOpts = { dataDir: join(o.home, 'nats'), logFile: join(logsDir(o.home), 'nats-server.log') };
+  const nats = await startNats(natsOpts);
   const nodes: NodeProcess[] = [];
   try {
     const n = o.nodes ?? 1;
@@ -142,13 +145,27 @@ export async function startLocalCluster(o: { home: string; nodes?: number; prefi
     await nats.stop();
     throw e;
   }
-  return {
+  const cluster: LocalCluster = {
     nats,
     url: nats.url,
     nodes,
+    restartNats: async () => {
+      await cluster.nats.stop();
+      // The old listener may linger for a moment after its process is gone.
+      for (let attempt = 0; ; attempt++) {
+        try {
+          cluster.nats = await startNats({ ...natsOpts, port: nats.port });
+          return cluster.nats;
+        } catch (e) {
+          if (attempt >= 20) throw e;
+          await new Promise((r) => setTimeout(r, 250));
+        }
+      }
+    },
     stop: async () => {
       await Promise.all(nodes.map((x) => x.stop()));
-      await nats.stop();
+      await cluster.nats.stop();
     },
   };
+  return cluster;
 }

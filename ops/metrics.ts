@@ -17,7 +17,7 @@ import type { NatsConnection, Subscription } from '@nats-io/transport-node';
 import type { ReadableSpan, SpanProcessor } from '@opentelemetry/sdk-trace-base';
 import type { Logger } from 'pino';
 import { Counter, collectDefaultMetrics, Gauge, Histogram, Registry } from 'prom-client';
-import { decode, type NodeRecord, parseSandboxSubject, type SandboxInfo, subjects } from '../protocol/index.ts';
+import { decode, type NodeRecord, type SandboxInfo, subjects } from '../protocol/index.ts';
 
 export const registry = new Registry();
 collectDefaultMetrics({ register: registry, prefix: 'paddock_node_' });
@@ -43,12 +43,11 @@ const FILE_VERBS = new Set(['files.read', 'files.write', 'files.list', 'files.re
 function observe(span: ReadableSpan): void {
   const seconds = span.duration[0] + span.duration[1] / 1e9;
   const code = String(span.attributes['paddock.error.code'] ?? 'OK');
-  let op = span.name;
-  if (op === 'sandbox') {
-    const s = parseSandboxSubject(String(span.attributes['messaging.destination'] ?? ''));
-    if (!s) return;
-    op = s.verb;
-  } else if (op.endsWith('.transition') || op.startsWith('pdk.')) return;
+  // Request spans say their operation (`exec`, `node.create`, …) in the messaging conventions'
+  // attribute; transitions and streams (operation type `send`) are not requests.
+  if (span.attributes['messaging.operation.type'] !== 'process') return;
+  const op = String(span.attributes['messaging.operation.name'] ?? '');
+  if (!op) return;
   requests.inc({ op, code });
   if (code !== 'OK') errors.inc({ op, code });
   if (op === 'node.create') {

@@ -19,7 +19,7 @@ import { NodeHost } from '../actors/node-host.ts';
 import { PlacementHost } from '../actors/placement-host.ts';
 import { loadChronusConfig } from '../chronus/config.ts';
 import { Journal } from '../chronus/journal.ts';
-import { logsDir } from '../protocol/discovery.ts';
+import { logsDir, natsServers } from '../protocol/discovery.ts';
 import { Buckets } from '../protocol/index.ts';
 import { BackendSet } from '../runtime/backends.ts';
 import { loadConfig, type NodeConfig } from '../runtime/config.ts';
@@ -62,8 +62,11 @@ class NodeProcess {
     if (!cfg.natsUrl) throw new Error('the node needs NATS_URL');
     // noAsyncTraces: by default every request (each directory write is one) captures a stack trace
     // for its possible timeout error — ~10% of the node's main thread in a group pause of 3,200.
-    const nc = await connect({ servers: cfg.natsUrl, name: `paddock-node-${cfg.nodeId}`, maxReconnectAttempts: -1, noAsyncTraces: true });
+    // Every server of a NATS_URL list; reconnecting for ever, every half second: a node that loses
+    // NATS keeps its sandboxes running and serves again the moment NATS is back (watchConnection).
+    const nc = await connect({ servers: natsServers(cfg.natsUrl), name: `paddock-node-${cfg.nodeId}`, maxReconnectAttempts: -1, reconnectTimeWait: 500, noAsyncTraces: true });
     this.nc = nc;
+    void this.watchConnection(nc);
     const kvm = new Kvm(nc);
     const directory = await kvm.create(Buckets.sandboxes, { history: 1 });
     const nodes = await kvm.create(Buckets.nodes, { history: 1 });
@@ -108,6 +111,25 @@ class NodeProcess {
     this.metrics = await startNodeMetrics({ nc, nodes, nodeId: cfg.nodeId, nodeDir: cfg.nodeDir, log });
   }
 
+  /**
+   * Logs each loss of NATS once and, on reconnect, has the node re-publish its record and every
+   * sandbox's true state: writes that failed while NATS was away would leave the directory wrong.
+   */
+  private async watchConnection(nc: NatsConnection): Promise<void> {
+    const log = this.log;
+    let lostAt = 0;
+    for await (const s of nc.status()) {
+      if (s.type === 'disconnect' && lostAt === 0) {
+        lostAt = Date.now();
+        log.warn({ server: s.server }, 'lost NATS: sandboxes keep running; reconnecting');
+      } else if (s.type === 'reconnect') {
+        log.warn({ server: s.server, outageMs: lostAt ? Date.now() - lostAt : undefined }, 'NATS is back: re-publishing the node record and sandbox states');
+        lostAt = 0;
+        await this.host?.reconnected().catch((err: unknown) => log.warn({ err }, 're-publishing after reconnect failed'));
+      }
+    }
+  }
+
   /** Stops serving; kills every sandbox (nothing is left behind). */
   async stop(): Promise<void> {
     const log = this.log;
@@ -133,7 +155,7 @@ async function main(): Promise<void> {
   }
   const cfg = loadConfig();
   const log = createLogger('paddock-node', cfg.logLevel).child({ node: cfg.nodeId });
-  setupTelemetry('paddock-node', { tracesFile: join(logsDir(cfg.home), `traces-node-${cfg.nodeId}.jsonl`), processors: [metricsSpanProcessor()] });
+  setupTelemetry('paddock-node', { tracesFile: join(logsDir(cfg.home), `traces-node-${cfg.nodeId}.jsonl`), instanceId: cfg.nodeId, processors: [metricsSpanProcessor()] });
   profileOnSignal(`node-${cfg.nodeId}`, log);
   const node = new NodeProcess(cfg, log);
   let stopping = false;

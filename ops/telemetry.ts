@@ -6,7 +6,8 @@
  * headers from callers are honoured and every log line written while handling a request carries
  * the caller's trace id, with or without an exporter. Also: on-demand CPU profiles.
  */
-import { mkdirSync, writeFileSync } from 'node:fs';
+import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { hostname } from 'node:os';
 import { Session } from 'node:inspector';
 import { join } from 'node:path';
 import type { Writable } from 'node:stream';
@@ -14,12 +15,24 @@ import { context, propagation } from '@opentelemetry/api';
 import { AsyncLocalStorageContextManager } from '@opentelemetry/context-async-hooks';
 import { type ExportResult, ExportResultCode, hrTimeToMicroseconds, W3CTraceContextPropagator } from '@opentelemetry/core';
 import { OTLPTraceExporter } from '@opentelemetry/exporter-trace-otlp-http';
-import { resourceFromAttributes } from '@opentelemetry/resources';
+import { detectResources, hostDetector, processDetector, resourceFromAttributes } from '@opentelemetry/resources';
 import { BatchSpanProcessor, type ReadableSpan, SimpleSpanProcessor, type SpanExporter, type SpanProcessor } from '@opentelemetry/sdk-trace-base';
 import { NodeTracerProvider } from '@opentelemetry/sdk-trace-node';
 import { rotatingLog } from './logfile.ts';
 
 let provider: NodeTracerProvider | undefined;
+
+/** The package's version (service.version): package.json sits at the root, above ops/ and dist/ops/. */
+const VERSION = (() => {
+  for (const up of ['../package.json', '../../package.json']) {
+    try {
+      return (JSON.parse(readFileSync(new URL(up, import.meta.url), 'utf8')) as { version?: string }).version ?? 'unknown';
+    } catch {
+      // Not there: try one level up.
+    }
+  }
+  return 'unknown';
+})();
 let contextManager: AsyncLocalStorageContextManager | undefined;
 
 /** Spans as JSON lines, one per span, in a file of their own. */
@@ -43,6 +56,7 @@ class JsonLinesSpanExporter implements SpanExporter {
         attributes: s.attributes,
         events: s.events.map((e) => ({ name: e.name, timeUs: hrTimeToMicroseconds(e.time), attributes: e.attributes })),
         service: s.resource.attributes['service.name'],
+        resource: s.resource.attributes,
       };
       this.out.write(`${JSON.stringify(line)}\n`);
     }
@@ -57,7 +71,7 @@ class JsonLinesSpanExporter implements SpanExporter {
  * `tracesFile`: where PADDOCK_TRACES=file (or console) writes spans. `processors` see every span
  * with or without an exporter (the node's metrics are made from its request spans).
  */
-export function setupTelemetry(serviceName: string, o: { mode?: string; tracesFile?: string; processors?: SpanProcessor[] } = {}): void {
+export function setupTelemetry(serviceName: string, o: { mode?: string; tracesFile?: string; processors?: SpanProcessor[]; instanceId?: string } = {}): void {
   const mode = o.mode ?? process.env.PADDOCK_TRACES;
   propagation.setGlobalPropagator(new W3CTraceContextPropagator());
   if (!contextManager) {
@@ -69,7 +83,14 @@ export function setupTelemetry(serviceName: string, o: { mode?: string; tracesFi
   if (mode === 'file' || mode === 'console') processors.push(new SimpleSpanProcessor(new JsonLinesSpanExporter(o.tracesFile ?? `traces-${serviceName}.jsonl`)));
   else if (mode === 'otlp') processors.push(new BatchSpanProcessor(new OTLPTraceExporter()));
   else if (mode) throw new Error(`PADDOCK_TRACES=${mode}: expected file, console (the same) or otlp`);
-  provider = new NodeTracerProvider({ resource: resourceFromAttributes({ 'service.name': serviceName }), spanProcessors: processors });
+  // service.* by the resource conventions; host.* and process.* from the SDK's own detectors.
+  const resource = resourceFromAttributes({
+    'service.name': serviceName,
+    'service.version': VERSION,
+    'service.instance.id': o.instanceId ?? `${hostname()}-${process.pid}`,
+    'host.name': hostname(),
+  }).merge(detectResources({ detectors: [hostDetector, processDetector] }));
+  provider = new NodeTracerProvider({ resource, spanProcessors: processors });
   provider.register({ contextManager });
 }
 

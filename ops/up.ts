@@ -4,6 +4,12 @@
  * ($PADDOCK_HOME/nats.url for clients, $PADDOCK_HOME/paddock.pid for `paddock down`), and on
  * SIGINT, SIGTERM or SIGHUP stops the node (which kills its sandboxes) and then nats-server.
  *
+ * A child that dies on its own is restarted, not mourned: a nats-server on the same port with the
+ * same JetStream store (the node keeps its sandboxes through the outage and reconnects), a node
+ * with the same id and home (its start recovers what its predecessor left). Only a signal to this
+ * process stops the rest; a child that keeps dying at once (RESTART_LIMIT within RESTART_WINDOW_MS)
+ * is given up on.
+ *
  * Both children run in process groups of their own: a terminal's Ctrl-C reaches only this process
  * (and whatever ran it, such as npm), so nats-server does not die before the node has recorded its
  * sandboxes' end through it. Both also die with this process, however it dies (pdeathsig).
@@ -88,6 +94,19 @@ async function removeIfOurs(file: string, test: (s: string) => boolean): Promise
 
 export class UpError extends Error {}
 
+/** Restarts of one child allowed within RESTART_WINDOW_MS before `up` gives up and stops. */
+const RESTART_LIMIT = 5;
+const RESTART_WINDOW_MS = 60_000;
+
+/** Whether another restart is allowed, given the times of the previous ones (pruned in place). */
+function mayRestart(times: number[]): boolean {
+  const now = Date.now();
+  while (times.length > 0 && now - (times[0] as number) > RESTART_WINDOW_MS) times.shift();
+  if (times.length >= RESTART_LIMIT) return false;
+  times.push(now);
+  return true;
+}
+
 /**
  * Runs until a signal (or the death of a child) ends it; resolves to the exit status. `say` gets
  * what a person at the terminal reads; `show` the banner.
@@ -160,24 +179,78 @@ export async function up(o: { nats?: string; say: (s: string) => void; show: (s:
         throw new UpError(`a NATS is already serving at ${previous} (${urlFile}); stop it first, or set PADDOCK_HOME or NATS_URL`);
       }
       o.say(`starting nats-server (data in ${join(home, 'nats')}, log in ${join(logs, 'nats-server.log')})`);
-      nats = await startNats({ dataDir: join(home, 'nats'), logFile: join(logs, 'nats-server.log') });
+      const natsOpts = { dataDir: join(home, 'nats'), logFile: join(logs, 'nats-server.log') };
+      nats = await startNats(natsOpts);
       natsUrl = nats.url;
-      nats.proc.once('exit', (c, s) => shutdown(`nats-server exited (${s ?? c}); see ${join(logs, 'nats-server.log')}`, 1));
+      const natsRestarts: number[] = [];
+      // Same port and store: clients and the node reconnect to the URL they know and find the
+      // buckets and the command log as they were. The sandboxes never notice.
+      const watchNats = (n: EmbeddedNats) =>
+        n.proc.once('exit', (c, s) => {
+          if (stopping) return;
+          const why = `nats-server exited (${s ?? c}); see ${natsOpts.logFile}`;
+          if (!mayRestart(natsRestarts)) return shutdown(`${why}, ${RESTART_LIMIT} times within ${RESTART_WINDOW_MS / 1000} s`, 1);
+          o.say(`${why}: restarting it on port ${n.port} (the sandboxes keep running)`);
+          void restartNats(n.port);
+        });
+      const restartNats = async (port: number) => {
+        for (let attempt = 0; !stopping; attempt++) {
+          try {
+            const next = await startNats({ ...natsOpts, port });
+            if (stopping) return void (await next.stop());
+            nats = next;
+            watchNats(next);
+            await writeAtomic(pidFile, `${JSON.stringify(record({ nats: next.url, natsPid: next.proc.pid, ...(node?.proc.pid ? { nodePid: node.proc.pid } : {}) }))}\n`);
+            o.say(`nats-server is back at ${next.url}`);
+            return;
+          } catch (err) {
+            // The old process may still hold the port for a moment.
+            if (attempt >= 20 || !mayRestart(natsRestarts)) return shutdown(`nats-server could not be restarted: ${(err as Error).message}`, 1);
+            await new Promise((r) => setTimeout(r, 250));
+          }
+        }
+      };
+      watchNats(nats);
       await writeAtomic(urlFile, `${natsUrl}\n`);
       wroteUrl = natsUrl;
     }
     if (stopping) return await finished;
     await writeAtomic(pidFile, `${JSON.stringify(record({ nats: natsUrl, ...(nats?.proc.pid ? { natsPid: nats.proc.pid } : {}) }))}\n`);
     o.say(`starting node ${nodeId} (it builds the busybox base layer when missing; log in ${join(logs, `node-${nodeId}.log`)})`);
-    starting = startNode({ natsUrl, home, id: nodeId, inheritLogs: false, onLine: (l) => progressLine(l, o.say) });
+    const nodeOpts = { natsUrl, home, id: nodeId, inheritLogs: false, onLine: (l: string) => progressLine(l, o.say) };
+    starting = startNode(nodeOpts);
     node = await starting;
+    const nodeRestarts: number[] = [];
+    const writeRecord = (nd: NodeProcess) => writeAtomic(pidFile, `${JSON.stringify(record({ nats: natsUrl, ...(nats?.proc.pid ? { natsPid: nats.proc.pid } : {}), ...(nd.proc.pid ? { nodePid: nd.proc.pid } : {}) }))}\n`);
+    // A node that dies (SIGKILL, OOM killer) is started again under the same id: its start removes
+    // what its predecessor's sandboxes left and marks their records failed, so nothing runs on
+    // unseen and `ps` lists no ghosts. NATS stays up meanwhile.
+    const watchNode = (nd: NodeProcess) =>
+      void nd.exited.then(async (c) => {
+        if (stopping) return;
+        const why = `node ${nd.id} exited with code ${c}; see ${nd.logFile ?? 'its log'}`;
+        if (!mayRestart(nodeRestarts)) return shutdown(`${why}, ${RESTART_LIMIT} times within ${RESTART_WINDOW_MS / 1000} s`, 1);
+        o.say(`${why}: restarting it`);
+        starting = startNode(nodeOpts);
+        node = undefined;
+        try {
+          const next = await starting;
+          node = next;
+          if (stopping) return;
+          watchNode(next);
+          await writeRecord(next);
+          o.say(`node ${next.id} is back`);
+        } catch (err) {
+          shutdown(`node ${nd.id} could not be restarted: ${(err as Error).message}`, 1);
+        }
+      });
+    watchNode(node);
     const nd = node;
-    void nd.exited.then((c) => shutdown(`node ${nd.id} exited with code ${c}; see ${nd.logFile ?? 'its log'}`, 1));
     if (stopping) return await finished;
     gateway = await startUpGateway(natsUrl, o.show);
     // The bridge runs only when a provider is configured (bridge/config.ts).
     if (process.env.PADDOCK_BRIDGE_PROVIDER) bridge = await startBridge({ natsUrl });
-    await writeAtomic(pidFile, `${JSON.stringify(record({ nats: natsUrl, ...(nats?.proc.pid ? { natsPid: nats.proc.pid } : {}), ...(nd.proc.pid ? { nodePid: nd.proc.pid } : {}) }))}\n`);
+    await writeRecord(nd);
     o.show(banner({ root: fileURLToPath(new URL(import.meta.url.endsWith('.js') ? '../../' : '../', import.meta.url)).replace(/\/$/, ''), natsUrl, embedded: nats !== undefined, home, nodeId, logs, urlFile, placement: process.env.PADDOCK_PLACEMENT !== '0' }));
     return await finished;
   } catch (err) {

@@ -17,3 +17,12 @@ export function upPidFile(home: string = process.env.PADDOCK_HOME || DEFAULT_HOM
 export function logsDir(home: string = process.env.PADDOCK_HOME || DEFAULT_HOME): string {
   return join(home, 'logs');
 }
+
+/**
+ * NATS_URL (or `--nats`, or `servers`) as the list of servers it names: `nats://a:4222,nats://b:4222`
+ * is two servers, tried in turn, not one URL whose host is `a:4222,nats`.
+ */
+export function natsServers(urls: string | readonly string[]): string[] {
+  const list = (typeof urls === 'string' ? [urls] : urls).flatMap((u) => u.split(',')).map((u) => u.trim());
+  return list.filter((u) => u.length > 0);
+}

@@ -95,3 +95,48 @@ export function toWireError(err: unknown): WireError {
   const message = err instanceof Error ? err.message : String(err);
   return { code: 'INTERNAL', message, retryable: true, fault: 'system' };
 }
+
+/** Errors of the NATS client and of JetStream, by class name (the classes live in the client). */
+const NATS_ERRORS = new Set([
+  'ClosedConnectionError',
+  'ConnectionError',
+  'DrainingConnectionError',
+  'JetStreamApiError',
+  'JetStreamError',
+  'JetStreamNotEnabled',
+  'JetStreamStatusError',
+  'NoResponders',
+  'RequestError',
+  'StreamNotFoundError',
+  'ConsumerNotFoundError',
+  'TimeoutError',
+]);
+
+/** Why NATS or JetStream failed, as a stable word (`detail.reason`) and a phrase a person can act on. */
+const NATS_REASONS: Array<{ reason: string; test: RegExp; says: string }> = [
+  { reason: 'disk_full', test: /no space|insufficient (storage )?resources|error creating store|storage|disk/i, says: 'JetStream cannot write its store (disk full?)' },
+  { reason: 'no_quorum', test: /quorum|no suitable peers|leader|not current|temporarily unavailable/i, says: 'JetStream has no quorum (too few servers of its cluster are up)' },
+  { reason: 'no_responders', test: /no responders|503|NoResponders/i, says: 'nothing answers (JetStream not enabled, or not ready after a restart)' },
+  { reason: 'disconnected', test: /closed|draining|disconnect|connection/i, says: 'the connection to NATS is down' },
+  { reason: 'timeout', test: /timeout|timed out/i, says: 'NATS did not answer in time (unreachable, or JetStream busy)' },
+];
+
+/**
+ * A failure of NATS or JetStream as the Paddock error it is: UNAVAILABLE, naming `what` was being
+ * reached and why (`detail.reason`: disk_full, no_quorum, no_responders, disconnected, timeout,
+ * other). Undefined for any other error.
+ */
+export function natsFailure(err: unknown, what: string): ProtocolError | undefined {
+  if (!(err instanceof Error) || err instanceof ProtocolError) return undefined;
+  const cause = err.cause instanceof Error ? err.cause : undefined;
+  if (!NATS_ERRORS.has(err.name) && !(cause && NATS_ERRORS.has(cause.name))) return undefined;
+  const text = `${err.name} ${err.message} ${cause ? `${cause.name} ${cause.message}` : ''}`;
+  const hit = NATS_REASONS.find((r) => r.test.test(text));
+  const reason = hit?.reason ?? 'other';
+  return new ProtocolError('UNAVAILABLE', `${what} is unavailable: ${hit?.says ?? 'NATS or JetStream failed'} (${err.message})`, { cause: err, detail: { what, reason } });
+}
+
+/** `err` as natsFailure sees it, or as it was. */
+export function unavailable(err: unknown, what: string): unknown {
+  return natsFailure(err, what) ?? err;
+}

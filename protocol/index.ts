@@ -1,6 +1,6 @@
 /** The wire protocol: subjects, message schema and types, error codes, codec, validation. */
 export { decode, decodeRequest, encode } from './codec.ts';
-export { ErrorCodes, isErrorCode, ProtocolError, toWireError } from './errors.ts';
+export { ErrorCodes, isErrorCode, natsFailure, ProtocolError, toWireError, unavailable } from './errors.ts';
 export type { ErrorCode, Fault, WireError } from './errors.ts';
 // Every message type and enum, as messages.ts (which takes most from the schema) names them.
 export * from './messages.ts';
@@ -16,6 +16,8 @@ export type {
   EndReason,
   ExecCancelRequest,
   ExecEvent,
+  ExecResumeReply,
+  ExecResumeRequest,
   ExecRequest,
   ExecResult,
   ExecVerdict,
@@ -63,7 +65,7 @@ export type {
   SandboxState,
   SandboxStats,
 } from './messages.ts';
-export { Buckets, FN_QUEUE, isSandboxVerb, RolloutVerbs, isToken, NodeVerbs, PLACEMENT_QUEUE, PREFIX, parseGroupSubject, parseSandboxSubject, SandboxVerbs, Streams, subjects } from './subjects.ts';
+export { Buckets, FN_QUEUE, isSandboxVerb, RolloutVerbs, isToken, NodeVerbs, PLACEMENT_QUEUE, PREFIX, parseGroupSubject, parseSandboxSubject, SandboxVerbs, Streams, subjectTemplate, subjects } from './subjects.ts';
 export type { NodeVerb, RolloutVerb, SandboxVerb } from './subjects.ts';
 export { scanKv } from './kv.ts';
 export { LISTED_BY_DEFAULT, selectSandboxes } from './directory.ts';

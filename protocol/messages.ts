@@ -29,6 +29,8 @@ export type {
   EndReason,
   ExecCancelRequest,
   ExecEvent,
+  ExecResumeReply,
+  ExecResumeRequest,
   ExecRequest,
   ExecResult,
   ExecVerdict,

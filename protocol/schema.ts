@@ -249,17 +249,46 @@ export const ExecResult = Type.Object(
 export type ExecResult = Static<typeof ExecResult>;
 
 const ExitFields = { exitCode: Type.Integer(), signal: Type.Optional(Type.String()), durationMs: Type.Number(), truncated: Type.Boolean(), timedOut: Type.Boolean(), verdict: literals(ExecVerdicts) };
-/** One message of a streamed exec, on the caller's inbox. `exit` is always last; `error` replaces it on failure. */
+const Seq = Type.Optional(Count('sequence number of the event in its stream: 0, 1, 2, … (a missing one was lost: ask exec.resume)'));
+/**
+ * One message of a streamed exec, on the caller's inbox. `exit` is always last; `error` replaces it
+ * on failure. `gap` stands for events the node no longer holds (a resume came too late).
+ */
 export const ExecEvent = Type.Union(
   [
-    Type.Object({ t: Type.Literal('out'), d: Bytes('a chunk of stdout') }),
-    Type.Object({ t: Type.Literal('err'), d: Bytes('a chunk of stderr') }),
-    Type.Object({ t: Type.Literal('exit'), ...ExitFields }),
-    Type.Object({ t: Type.Literal('error'), error: WireErrorSchema }),
+    Type.Object({ t: Type.Literal('out'), d: Bytes('a chunk of stdout'), s: Seq }),
+    Type.Object({ t: Type.Literal('err'), d: Bytes('a chunk of stderr'), s: Seq }),
+    Type.Object({ t: Type.Literal('exit'), ...ExitFields, s: Seq }),
+    Type.Object({ t: Type.Literal('error'), error: WireErrorSchema, s: Seq }),
+    Type.Object({
+      t: Type.Literal('gap'),
+      s: Count('the first lost event'),
+      n: Count('how many events were lost (s … s+n-1)'),
+      bytes: Count('output bytes those events carried'),
+    }),
   ],
   { $id: 'ExecEvent' },
 );
 export type ExecEvent = Static<typeof ExecEvent>;
+
+export const ExecResumeRequest = Type.Object(
+  {
+    execId: Token('the execId the streamed exec was started with'),
+    from: Count('the first event the caller has not seen'),
+    offset: Type.Optional(Count('output bytes the caller has seen (sizes a gap)')),
+  },
+  { $id: 'ExecResumeRequest' },
+);
+export type ExecResumeRequest = Static<typeof ExecResumeRequest>;
+export const ExecResumeReply = Type.Object(
+  {
+    resent: Count('events sent again to the stream’s inbox (a gap counts as one)'),
+    next: Count('the sequence number the next event will carry'),
+    done: Type.Boolean({ description: 'the exec has ended (its exit or error event is among what the node holds)' }),
+  },
+  { $id: 'ExecResumeReply' },
+);
+export type ExecResumeReply = Static<typeof ExecResumeReply>;
 
 export const ExecCancelRequest = Type.Object({ execId: Token('the execId the streamed exec was started with') }, { $id: 'ExecCancelRequest' });
 export type ExecCancelRequest = Static<typeof ExecCancelRequest>;
@@ -514,6 +543,8 @@ export const NamedSchemas: Record<string, TSchema> = {
   ExecEvent,
   ExecCancelRequest,
   ExecCancelReply,
+  ExecResumeRequest,
+  ExecResumeReply,
   FilesReadRequest,
   FilesReadReply,
   FilesWriteRequest,

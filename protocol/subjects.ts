@@ -103,3 +103,30 @@ export function parseGroupSubject(subject: string): { group: string; verb: strin
   if (dot <= 0) return null;
   return { group: rest.slice(0, dot), verb: rest.slice(dot + 1) };
 }
+
+/**
+ * A subject with its variable tokens named (`pdk.v1.sb.{id}.exec`, `pdk.v1.node.{node}.create`):
+ * what span names and `messaging.destination.template` carry, so that every sandbox's exec is one
+ * operation in a trace backend, not one per sandbox. `op` is the verb (or the subject's last part).
+ */
+export function subjectTemplate(subject: string): { template: string; op: string; sandbox?: string } {
+  const sb = parseSandboxSubject(subject);
+  if (sb) return { template: `${PREFIX}.sb.{id}.${sb.verb}`, op: sb.verb, sandbox: sb.id };
+  const g = parseGroupSubject(subject);
+  if (g) return { template: `${PREFIX}.group.{group}.${g.verb}`, op: `group.${g.verb}` };
+  for (const [kind, name] of [
+    ['node', 'node'],
+    ['evt', 'id'],
+    ['chronus', 'rollout'],
+  ] as const) {
+    const head = `${PREFIX}.${kind}.`;
+    if (!subject.startsWith(head)) continue;
+    const rest = subject.slice(head.length);
+    const dot = rest.indexOf('.');
+    if (dot <= 0) break;
+    const tail = rest.slice(dot + 1);
+    return { template: `${head}{${name}}.${kind === 'chronus' ? '{step}' : tail}`, op: kind === 'node' ? `node.${tail}` : kind };
+  }
+  const op = subject.startsWith(`${PREFIX}.`) ? subject.slice(PREFIX.length + 1) : subject;
+  return { template: subject, op };
+}

@@ -29,3 +29,22 @@ export function traceHeaders(ctx: Context = context.active()): MsgHdrs | undefin
 export function traceContext(h: MsgHdrs | undefined): Context {
   return propagation.extract(context.active(), h, getter);
 }
+
+/**
+ * Span attribute names: OpenTelemetry's messaging conventions (still "incubating" upstream, so
+ * written here rather than imported from a package that may rename them) and Paddock's own.
+ */
+export const Attr = {
+  messagingSystem: 'messaging.system',
+  operationType: 'messaging.operation.type',
+  operationName: 'messaging.operation.name',
+  destinationName: 'messaging.destination.name',
+  destinationTemplate: 'messaging.destination.template',
+  sandboxId: 'paddock.sandbox.id',
+  nodeId: 'paddock.node.id',
+  backend: 'paddock.backend',
+  execVerdict: 'paddock.exec.verdict',
+  execExitCode: 'paddock.exec.exit_code',
+  execId: 'paddock.exec.id',
+  errorCode: 'paddock.error.code',
+} as const;

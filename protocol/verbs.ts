@@ -31,6 +31,7 @@ export const SandboxVerbTable = {
   info: { states: ANY, wakes: false, request: 'InfoRequest', reply: 'SandboxInfo' },
   exec: { states: RUNNING, wakes: true, request: 'ExecRequest', reply: 'ExecResult' },
   'exec.cancel': { states: [...LIVE, 'stopping'], wakes: false, request: 'ExecCancelRequest', reply: 'ExecCancelReply' },
+  'exec.resume': { states: [...LIVE, 'stopping'], wakes: false, request: 'ExecResumeRequest', reply: 'ExecResumeReply' },
   'files.read': { states: RUNNING, wakes: true, request: 'FilesReadRequest', reply: 'FilesReadReply' },
   'files.write': { states: RUNNING, wakes: true, request: 'FilesWriteRequest', reply: 'FilesWriteReply' },
   'files.list': { states: RUNNING, wakes: true, request: 'FilesListRequest', reply: 'FilesListReply' },

@@ -2,7 +2,7 @@
 import { readFileSync } from 'node:fs';
 import { Kvm } from '@nats-io/kv';
 import { type NatsConnection, connect as natsConnect } from '@nats-io/transport-node';
-import { natsUrlFile } from '../protocol/discovery.ts';
+import { natsServers, natsUrlFile } from '../protocol/discovery.ts';
 import { Buckets, type CreateReply, decode, type GroupReply, type GroupVerb, isToken, type SandboxesListReply, type SandboxInfo, type SandboxSpec, type SandboxState, scanKv, selectSandboxes, subjects } from '../protocol/index.ts';
 import { InvalidRequestError, NotFoundError, TimeoutError, UnavailableError } from './errors.ts';
 import { Fn } from './fn.ts';
@@ -12,7 +12,11 @@ import { Sandbox } from './sandbox.ts';
 import { type CallOptions, Transport } from './transport.ts';
 
 export interface ConnectOptions {
-  /** NATS URL(s). Default: $NATS_URL, else the embedded NATS that `npm start` wrote down. */
+  /**
+   * NATS URL(s): an array, or one string with commas between URLs (as NATS_URL takes them); every
+   * server is tried, in turn, when connecting and reconnecting. Default: $NATS_URL, else the
+   * embedded NATS that `npm start` wrote down.
+   */
   servers?: string | string[];
   /** Default timeout of remote calls (default 60 s). */
   timeoutMs?: number;
@@ -55,7 +59,7 @@ export class Paddock {
 
   private constructor(
     private readonly nc: NatsConnection,
-    t: Transport,
+    private readonly t: Transport,
   ) {
     this.sandboxes = new Sandboxes(t);
     this.rollouts = new Rollouts(t, this.sandboxes);
@@ -65,9 +69,11 @@ export class Paddock {
   }
 
   static async connect(opts: ConnectOptions = {}): Promise<Paddock> {
-    const servers = opts.servers ?? defaultServers();
-    const nc = await natsConnect({ servers, name: opts.name ?? 'paddock-sdk' }).catch((err: unknown) => {
-      throw new UnavailableError('UNAVAILABLE', `cannot connect to NATS at ${servers}: ${(err as Error).message}`, { cause: err });
+    const servers = natsServers(opts.servers ?? defaultServers());
+    // A trainer outlives a NATS restart: keep reconnecting (calls meanwhile time out, as they would
+    // against a slow server), and a streamed exec asks for what it missed once back (sandbox.ts).
+    const nc = await natsConnect({ servers, name: opts.name ?? 'paddock-sdk', maxReconnectAttempts: -1, reconnectTimeWait: 500 }).catch((err: unknown) => {
+      throw new UnavailableError('UNAVAILABLE', `cannot connect to NATS at ${servers.join(',')}: ${(err as Error).message}`, { cause: err });
     });
     return new Paddock(nc, new Transport(nc, opts.timeoutMs ?? 60_000));
   }
@@ -78,6 +84,9 @@ export class Paddock {
   }
 
   async close(): Promise<void> {
+    // Draining needs a server to flush to: with NATS away (the client reconnects for ever) it
+    // would wait for one, so a connection that is down is closed at once.
+    if (!this.t.isConnected) return this.nc.close();
     await this.nc.drain();
   }
 

@@ -1,9 +1,11 @@
 /** A handle on one sandbox: exec, streamed exec, files, kill. Small on purpose; verbs group under sub-objects. */
 import { createInbox, type Msg } from '@nats-io/transport-node';
+import { context, SpanKind, SpanStatusCode, trace } from '@opentelemetry/api';
 import {
   decode,
   encode,
   type ExecEvent,
+  type ExecResumeReply,
   type ExecResult as WireExecResult,
   type ExecVerdict,
   type FileEntry,
@@ -17,10 +19,11 @@ import {
   type SandboxVerb,
   SandboxVerbTable,
   subjects,
+  subjectTemplate,
 } from '../protocol/index.ts';
-import { traceHeaders } from '../protocol/trace.ts';
-import { CancelledError, errorFromWire, NotFoundError, TimeoutError } from './errors.ts';
-import { type CallOptions, checkTimeout, type Transport } from './transport.ts';
+import { Attr, traceHeaders } from '../protocol/trace.ts';
+import { CancelledError, errorFromWire, NotFoundError, PaddockError, TimeoutError, UnavailableError } from './errors.ts';
+import { type CallOptions, checkTimeout, clientAttrs, sdkTracer, type Transport } from './transport.ts';
 
 export interface ExecOptions extends CallOptions {
   cwd?: string;
@@ -55,10 +58,17 @@ export interface ExecResult {
 
 export type ExecStreamEvent =
   | { type: 'stdout' | 'stderr'; data: Uint8Array; text: string }
+  /** Output lost for good: the stream resumed after an outage longer than the node keeps output for. */
+  | { type: 'gap'; events: number; bytes: number }
   | { type: 'exit'; exitCode: number; signal?: string; durationMs: number; truncated: boolean; timedOut: boolean; verdict: ExecVerdict };
 
 /** Past the command's own timeout, how long to wait for the node's answer. */
 const REPLY_MARGIN_MS = 10_000;
+/** A silent stream asks its sandbox this often whether it still runs (and for events it missed). */
+const PROBE_MS = 2000;
+const RESUME_TIMEOUT_MS = 5000;
+/** A sandbox that nothing answers for this long (its node died) ends its streams. */
+const LOST_AFTER_MS = 2000;
 const DEFAULT_EXEC_TIMEOUT_MS = Limits.exec.timeoutMs.default;
 const utf8 = new TextDecoder();
 
@@ -149,43 +159,85 @@ export class Sandbox {
   /**
    * Runs a command and yields its output as it comes, then one `exit` event. Breaking out of the
    * loop, or aborting `signal`, kills the command.
+   *
+   * Nothing is lost silently: events are numbered, and after a NATS outage (or any missing number)
+   * the stream asks the node for what it missed; output the node no longer holds comes as one
+   * `gap` event with the bytes lost. While the command is silent the stream checks every
+   * PROBE_MS that its sandbox still answers, so one whose node died ends within seconds with
+   * UNAVAILABLE (or NOT_FOUND when the sandbox ended), not at the exec's timeout.
    */
   async *execStream(cmd: string | string[], opts: ExecOptions = {}): AsyncGenerator<ExecStreamEvent, void, undefined> {
     const body = execBody(cmd, opts);
     const execId = `e${Math.random().toString(36).slice(2, 14)}`;
     const nc = this.t.nc;
     const inbox = createInbox();
-    const queue: Msg[] = [];
+    const queue: Array<Msg | { fail: unknown }> = [];
     let wake: (() => void) | null = null;
-    const sub = nc.subscribe(inbox, {
-      callback: (_err, m) => {
-        queue.push(m);
-        wake?.();
-      },
-    });
+    const push = (m: Msg | { fail: unknown }) => {
+      queue.push(m);
+      wake?.();
+    };
+    const sub = nc.subscribe(inbox, { callback: (_err, m) => push(m) });
     let done = false;
+    /** The next event number expected, and output bytes received. */
+    let next = 0;
+    let offset = 0;
+    /** A resume is under way (set until the event it asked for arrives). */
+    let resuming = false;
+    /** Since when exec.resume finds nothing answering for the sandbox. */
+    let unanswered: number | undefined;
+    const resume = (why: 'hole' | 'probe' | 'reconnect') => {
+      if (done || (resuming && why === 'hole')) return;
+      if (why !== 'probe') resuming = true;
+      this.t
+        .request<ExecResumeReply>(subjects.sandbox(this.id, 'exec.resume'), { execId, from: next, offset }, { timeoutMs: RESUME_TIMEOUT_MS }, async () => {
+          // Right after NATS comes back the node may not have reconnected yet: only a sandbox
+          // silent for LOST_AFTER_MS is taken for gone.
+          unanswered ??= Date.now();
+          if (Date.now() - unanswered < LOST_AFTER_MS) throw new TimeoutError('TIMEOUT', 'no answer yet');
+          throw await this.lost(execId, next);
+        })
+        .then(() => {
+          unanswered = undefined;
+        })
+        .catch((err: unknown) => {
+          resuming = false;
+          // NATS slow or away: the next probe or reconnect asks again. Anything else ends the stream.
+          if (err instanceof TimeoutError || (err instanceof UnavailableError && (err.detail?.reason === 'disconnected' || err.detail?.reason === 'timeout'))) return;
+          push({ fail: err });
+        });
+    };
+    const stopReconnect = this.t.onReconnect(() => resume('reconnect'));
     const idleMs = body.timeoutMs + REPLY_MARGIN_MS;
+    const span = sdkTracer.startSpan(`exec.stream ${subjectTemplate(subjects.sandbox(this.id, 'exec')).template}`, { kind: SpanKind.CLIENT, attributes: { ...clientAttrs(subjects.sandbox(this.id, 'exec'), 'exec.stream'), [Attr.execId]: execId } });
     try {
       const data = encode({ ...body, stream: true, execId });
       this.t.checkSize(subjects.sandbox(this.id, 'exec'), data);
-      nc.publish(subjects.sandbox(this.id, 'exec'), data, { reply: inbox, headers: traceHeaders() });
+      await this.t.connected(idleMs, subjects.sandbox(this.id, 'exec'));
+      nc.publish(subjects.sandbox(this.id, 'exec'), data, { reply: inbox, headers: traceHeaders(trace.setSpan(context.active(), span)) });
+      let quietSince = Date.now();
       for (;;) {
         if (queue.length === 0) {
           if (opts.signal?.aborted) throw new CancelledError('CANCELLED', 'the stream was cancelled');
+          if (Date.now() - quietSince > idleMs) throw new TimeoutError('TIMEOUT', `no output or exit from sandbox ${this.id} within ${idleMs} ms`);
           let timer: NodeJS.Timeout | undefined;
           const onAbort = () => wake?.();
           opts.signal?.addEventListener('abort', onAbort, { once: true });
-          const timedOut = await new Promise<boolean>((resolve) => {
-            wake = () => resolve(false);
-            timer = setTimeout(() => resolve(true), idleMs);
+          const woke = await new Promise<boolean>((resolve) => {
+            wake = () => resolve(true);
+            timer = setTimeout(() => resolve(false), PROBE_MS);
           });
           wake = null;
           clearTimeout(timer);
           opts.signal?.removeEventListener('abort', onAbort);
-          if (timedOut) throw new TimeoutError('TIMEOUT', `no output or exit from sandbox ${this.id} within ${idleMs} ms`);
+          // Silence: is the sandbox still there? (also fetches a lost tail, exit included)
+          if (!woke) resume('probe');
           continue;
         }
-        const m = queue.shift() as Msg;
+        quietSince = Date.now();
+        unanswered = undefined;
+        const m = queue.shift() as Msg | { fail: unknown };
+        if ('fail' in m) throw m.fail;
         if (m.headers?.code === 503) await this.gone();
         const ev = decode(m.data) as ExecEvent | Reply<unknown>;
         if ('ok' in ev) {
@@ -193,14 +245,32 @@ export class Sandbox {
           if (!ev.ok) throw errorFromWire(ev.error);
           continue;
         }
+        if (ev.s !== undefined) {
+          if (ev.s < next) continue;
+          if (ev.s > next) {
+            // Something before it was lost: ask for it again; this one comes again after it.
+            resume('hole');
+            continue;
+          }
+          resuming = false;
+          next = ev.t === 'gap' ? ev.s + ev.n : ev.s + 1;
+        }
         switch (ev.t) {
           case 'out':
           case 'err':
+            offset += ev.d.length;
             yield { type: ev.t === 'out' ? 'stdout' : 'stderr', data: ev.d, text: utf8.decode(ev.d) };
+            break;
+          case 'gap':
+            offset += ev.bytes;
+            span.addEvent('exec.gap', { 'paddock.exec.gap.events': ev.n, 'paddock.exec.gap.bytes': ev.bytes });
+            yield { type: 'gap', events: ev.n, bytes: ev.bytes };
             break;
           case 'exit': {
             done = true;
-            const { t: _, ...rest } = ev;
+            const { t: _, s: _s, ...rest } = ev;
+            span.setAttributes({ [Attr.execVerdict]: ev.verdict, [Attr.execExitCode]: ev.exitCode });
+            if (ev.verdict !== 'OK') span.setStatus({ code: SpanStatusCode.ERROR, message: ev.verdict });
             yield { type: 'exit', ...rest };
             return;
           }
@@ -209,10 +279,27 @@ export class Sandbox {
             throw errorFromWire(ev.error);
         }
       }
+    } catch (err) {
+      if (err instanceof PaddockError) span.setAttribute(Attr.errorCode, err.code);
+      span.setStatus({ code: SpanStatusCode.ERROR, message: (err as Error).message });
+      throw err;
     } finally {
+      span.end();
+      stopReconnect();
       sub.unsubscribe();
       if (!done) nc.publish(subjects.sandbox(this.id, 'exec.cancel'), encode({ execId }));
     }
+  }
+
+  /** The error that ends a stream whose sandbox no longer answers: it ended (NOT_FOUND), or its node is gone. */
+  private async lost(execId: string, next: number): Promise<Error> {
+    const rec = await this.lookup(this.id).catch(() => null);
+    if (rec) this.info = rec;
+    if (rec && (rec.state === 'stopped' || rec.state === 'failed')) {
+      return new NotFoundError('NOT_FOUND', `sandbox ${this.id} is ${rec.state}${rec.reason ? ` (${rec.reason})` : ''}: stream ${execId} ended after event ${next}`, { detail: { state: rec.state, reason: rec.reason } });
+    }
+    const node = rec?.node ?? this.info.node;
+    return new UnavailableError('UNAVAILABLE', `sandbox ${this.id} no longer answers (its node ${node} is gone or cut off): stream ${execId} ended after event ${next}; its output from there on is lost`, { detail: { node, execId, reason: 'no_responders' } });
   }
 
   /** Freezes every process of the sandbox; state, memory and files are kept. */

@@ -1,7 +1,8 @@
 /** Request/reply over NATS with the protocol's envelope, timeouts, cancellation and trace headers. */
 import { type NatsConnection, RequestError, TimeoutError as NatsTimeout } from '@nats-io/transport-node';
-import { decode, encode, type Reply } from '../protocol/index.ts';
-import { traceHeaders } from '../protocol/trace.ts';
+import { type Attributes, SpanKind, SpanStatusCode, trace } from '@opentelemetry/api';
+import { decode, encode, natsFailure, type Reply, subjectTemplate } from '../protocol/index.ts';
+import { Attr, traceHeaders } from '../protocol/trace.ts';
 import { CancelledError, errorFromWire, InvalidRequestError, PaddockError, TimeoutError, UnavailableError } from './errors.ts';
 
 /** Options every remote call takes. */
@@ -12,10 +13,55 @@ export interface CallOptions {
 }
 
 export class Transport {
+  /** Set while the connection is down: resolves when it is back. */
+  private down: { back: Promise<void>; wake: () => void } | undefined;
+  private readonly reconnectListeners = new Set<() => void>();
+
   constructor(
     readonly nc: NatsConnection,
     readonly defaultTimeoutMs: number,
-  ) {}
+  ) {
+    void this.watch();
+  }
+
+  private async watch(): Promise<void> {
+    for await (const s of this.nc.status()) {
+      if (s.type === 'disconnect' && !this.down) {
+        let wake = () => {};
+        const back = new Promise<void>((r) => (wake = r));
+        this.down = { back, wake };
+      } else if (s.type === 'reconnect') {
+        this.down?.wake();
+        this.down = undefined;
+        for (const l of this.reconnectListeners) l();
+      }
+    }
+    this.down?.wake();
+  }
+
+  /** Whether the connection is up (not reconnecting). */
+  get isConnected(): boolean {
+    return this.down === undefined;
+  }
+
+  /** Calls `fn` after each reconnect until the returned function is called (a stream asks for what it missed). */
+  onReconnect(fn: () => void): () => void {
+    this.reconnectListeners.add(fn);
+    return () => this.reconnectListeners.delete(fn);
+  }
+
+  /**
+   * Waits (up to `timeoutMs`) for a connection that is reconnecting: the client drops what is
+   * published while it is down, so a request sent then would wait its whole timeout for nothing.
+   */
+  async connected(timeoutMs: number, what: string): Promise<void> {
+    const d = this.down;
+    if (!d) return;
+    let timer: NodeJS.Timeout | undefined;
+    const expired = await Promise.race([d.back.then(() => false), new Promise<boolean>((r) => (timer = setTimeout(() => r(true), timeoutMs)))]);
+    clearTimeout(timer);
+    if (expired) throw new UnavailableError('UNAVAILABLE', `${what}: NATS is unreachable (reconnecting) for longer than ${timeoutMs} ms`, { detail: { what, reason: 'disconnected' } });
+  }
 
   /** PAYLOAD_TOO_LARGE for a message the server would refuse (NATS closes nothing, but the publish fails late and vaguely). */
   checkSize(subject: string, data: Uint8Array): void {
@@ -25,14 +71,46 @@ export class Transport {
     }
   }
 
-  /** Sends a request and returns its result; wire errors become PaddockError subclasses. */
-  async request<T>(subject: string, body: unknown, opts: CallOptions = {}, onNoResponders?: () => Promise<T>): Promise<T> {
+  /**
+   * Sends a request and returns its result; wire errors become PaddockError subclasses. With a
+   * tracer provider registered by the application, each call is a client span (`<verb> <subject
+   * template>`) whose context travels in the request's headers.
+   */
+  request<T>(subject: string, body: unknown, opts: CallOptions = {}, onNoResponders?: () => Promise<T>): Promise<T> {
+    const { template, op } = subjectTemplate(subject);
+    return sdkTracer.startActiveSpan(`${op} ${template}`, { kind: SpanKind.CLIENT, attributes: clientAttrs(subject, op) }, async (span) => {
+      try {
+        const result = await this.send<T>(subject, body, opts, onNoResponders);
+        const r = result as { verdict?: unknown; exitCode?: unknown; node?: unknown; backend?: unknown; sandbox?: { id?: unknown; node?: unknown; backend?: unknown } } | null;
+        const info = r && typeof r === 'object' ? (r.sandbox ?? r) : undefined;
+        if (info && typeof info.node === 'string') span.setAttribute(Attr.nodeId, info.node);
+        if (info && typeof info.backend === 'string') span.setAttribute(Attr.backend, info.backend);
+        if (r?.sandbox && typeof r.sandbox.id === 'string') span.setAttribute(Attr.sandboxId, r.sandbox.id);
+        if (r && typeof r.verdict === 'string') {
+          span.setAttribute(Attr.execVerdict, r.verdict);
+          if (r.verdict !== 'OK') span.setStatus({ code: SpanStatusCode.ERROR, message: r.verdict });
+        }
+        if (r && typeof r.exitCode === 'number') span.setAttribute(Attr.execExitCode, r.exitCode);
+        return result;
+      } catch (err) {
+        if (err instanceof PaddockError) span.setAttribute(Attr.errorCode, err.code);
+        span.setStatus({ code: SpanStatusCode.ERROR, message: (err as Error).message });
+        throw err;
+      } finally {
+        span.end();
+      }
+    });
+  }
+
+  private async send<T>(subject: string, body: unknown, opts: CallOptions, onNoResponders?: () => Promise<T>): Promise<T> {
     const timeout = opts.timeoutMs ?? this.defaultTimeoutMs;
     checkTimeout(timeout, 'timeoutMs');
     if (opts.signal?.aborted) throw new CancelledError('CANCELLED', 'the call was cancelled before it was sent');
     const data = encode(body);
     this.checkSize(subject, data);
-    const call = this.nc.request(subject, data, { timeout, headers: traceHeaders() });
+    const sent = Date.now();
+    await this.connected(timeout, subject);
+    const call = this.nc.request(subject, data, { timeout: Math.max(1, timeout - (Date.now() - sent)), headers: traceHeaders() });
     let msg: Awaited<typeof call>;
     try {
       msg = await (opts.signal ? abortable(call, opts.signal) : call);
@@ -45,6 +123,8 @@ export class Transport {
       if (err instanceof NatsTimeout || (err as Error).cause instanceof NatsTimeout) {
         throw new TimeoutError('TIMEOUT', `no answer on ${subject} within ${timeout} ms`, { cause: err });
       }
+      const failure = natsFailure(err, `the request on ${subject}`);
+      if (failure) throw new UnavailableError('UNAVAILABLE', failure.message, { cause: err, ...(failure.detail ? { detail: failure.detail } : {}) });
       throw new UnavailableError('UNAVAILABLE', `request on ${subject} failed: ${(err as Error).message}`, { cause: err });
     }
     const reply = decode(msg.data) as Reply<T>;
@@ -66,6 +146,23 @@ export class Transport {
       clearTimeout(timer);
     }
   }
+}
+
+/** The SDK's tracer: a no-op until the application registers a tracer provider. */
+export const sdkTracer = trace.getTracer('paddock-sdk');
+
+/** A client span's attributes for a call on `subject` (messaging conventions, plus the sandbox). */
+export function clientAttrs(subject: string, op: string): Attributes {
+  const { template, sandbox } = subjectTemplate(subject);
+  const a: Attributes = {
+    [Attr.messagingSystem]: 'nats',
+    [Attr.operationType]: 'send',
+    [Attr.operationName]: op,
+    [Attr.destinationName]: subject,
+    [Attr.destinationTemplate]: template,
+  };
+  if (sandbox) a[Attr.sandboxId] = sandbox;
+  return a;
 }
 
 /** Timers take at most 2^31-1 ms: a longer one fires at once (a 1e15 ms exec "timed out" after 2 ms). */

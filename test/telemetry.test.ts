@@ -18,6 +18,9 @@ test('traceparent travels from the SDK to the node; transitions are span events;
   await context.with(trace.setSpan(context.active(), root), async () => {
     const sb = await t.context.pdk.sandboxes.create({});
     await sb.exec(['true']);
+    for await (const _ of sb.execStream(['sh', '-c', 'echo a; sleep 0.3; echo b'])) {
+      // Drained: the stream's span must last until its exit.
+    }
     await sb.kill();
   });
   root.end();
@@ -25,8 +28,8 @@ test('traceparent travels from the SDK to the node; transitions are span events;
   const node = t.context.cluster.nodes[0]!;
   const tracesFile = join(t.context.home, 'logs', `traces-node-${node.id}.jsonl`);
   // Each span is written when it ends; give the last one a moment.
-  let spans: { traceId: string; name: string; events: { name: string }[] }[] = [];
-  for (let i = 0; i < 40 && !spans.some((s) => s.name === 'sandbox'); i++) {
+  let spans: { traceId: string; name: string; durationUs: number; attributes: Record<string, unknown>; resource: Record<string, unknown>; events: { name: string; attributes?: Record<string, unknown> }[] }[] = [];
+  for (let i = 0; i < 40 && !spans.some((s) => s.name === 'kill pdk.v1.sb.{id}.kill'); i++) {
     await new Promise((r) => setTimeout(r, 50));
     const text = await readFile(tracesFile, 'utf8').catch(() => '');
     spans = text
@@ -35,10 +38,32 @@ test('traceparent travels from the SDK to the node; transitions are span events;
       .map((l) => JSON.parse(l) as (typeof spans)[number]);
   }
   const names = new Set(spans.filter((s) => s.traceId === traceId).map((s) => s.name));
-  t.true(names.has('place.create'), 'node spans carry the trainer trace id');
-  t.true(names.has('node.create'));
-  t.true(names.has('sandbox'));
+  // `<operation> <subject template>`: one name per verb, whatever the sandbox or node.
+  t.true(names.has('place.create pdk.v1.place.create'), `node spans carry the trainer trace id: ${[...names].join(', ')}`);
+  t.true(names.has('node.create pdk.v1.node.{node}.create'));
+  t.true(names.has('exec pdk.v1.sb.{id}.exec'));
+  t.true(names.has('exec.stream pdk.v1.sb.{id}.exec'));
   t.true(spans.some((s) => s.events.some((e) => e.name === 'sandbox.transition')));
+  t.true(
+    spans.some((s) => s.events.some((e) => e.name === 'sandbox.transition' && e.attributes?.['actor.state'] === 'creating')),
+    'the creating transition is a span event',
+  );
+  const exec = spans.find((s) => s.name === 'exec pdk.v1.sb.{id}.exec');
+  t.like(exec?.attributes, { 'messaging.system': 'nats', 'messaging.operation.type': 'process', 'paddock.backend': 'container', 'paddock.exec.verdict': 'OK', 'paddock.exec.exit_code': 0 });
+  t.regex(String(exec?.attributes['messaging.destination.name']), /^pdk\.v1\.sb\.sb-[a-z2-7]+\.exec$/);
+  t.is(exec?.attributes['paddock.sandbox.id'], String(exec?.attributes['messaging.destination.name']).split('.')[3]);
+  t.is(exec?.attributes['paddock.node.id'], node.id);
+  const stream = spans.find((s) => s.name === 'exec.stream pdk.v1.sb.{id}.exec');
+  // The stream slept 0.3 s between its lines: its span covers that, not just the request.
+  t.true((stream?.durationUs ?? 0) >= 300_000, `stream span lasted ${stream?.durationUs} µs`);
+  t.like(stream?.attributes, { 'paddock.exec.verdict': 'OK', 'paddock.exec.exit_code': 0 });
+  t.like(exec?.resource, { 'service.name': 'paddock-node', 'service.instance.id': node.id });
+  t.truthy(exec?.resource['service.version']);
+  t.truthy(exec?.resource['host.name']);
+  // The SDK's own client spans, with the application's provider.
+  const client = exporter.getFinishedSpans().map((s) => s.name);
+  t.true(client.includes('place.create pdk.v1.place.create'), client.join(', '));
+  t.true(client.includes('exec.stream pdk.v1.sb.{id}.exec'), client.join(', '));
 
   // The log: JSON lines only, the request's lines with the trainer's trace id, no span dumps.
   const log = (await readFile(node.logFile!, 'utf8')).split('\n').filter(Boolean);

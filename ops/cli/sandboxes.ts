@@ -97,6 +97,10 @@ export async function exec(a: Args): Promise<number> {
     try {
       const opts = { signal: ac.signal, ...(timeoutMs !== undefined ? { timeoutMs } : {}), ...(v.cwd !== undefined ? { cwd: v.cwd } : {}), ...(env ? { env } : {}), ...(stdin ? { stdin } : {}) };
       for await (const ev of sb.execStream(cmd, opts)) {
+        if (ev.type === 'gap') {
+          note(`${ev.bytes} bytes of output were lost (NATS was away for longer than the node keeps output)`);
+          continue;
+        }
         if (ev.type !== 'exit') {
           await write(ev.type === 'stdout' ? process.stdout : process.stderr, ev.data, ac.signal);
           continue;

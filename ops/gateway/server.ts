@@ -210,6 +210,11 @@ function handlers(o: GatewayContext): Record<string, Handler> {
             await sse.event('exit', rest);
             return;
           }
+          if (ev.type === 'gap') {
+            // Output lost for good during a NATS outage: said, never silent.
+            await sse.event('gap', { events: ev.events, bytes: ev.bytes });
+            continue;
+          }
           // A streaming decoder per stream keeps a character split across two chunks whole.
           const data = base64 ? { data: Buffer.from(ev.data).toString('base64') } : { text: text[ev.type].decode(ev.data, { stream: true }) };
           await sse.event(ev.type, data);

@@ -1,0 +1,282 @@
+/**
+ * Faults injected into a running Paddock, one case per fault: nats-server stopped and started
+ * again under a node with sandboxes and a streamed exec, a node killed, a NATS_URL list whose
+ * first server is down. Each asserts what a user relies on: sandboxes alive afterwards, records
+ * true, no output lost without a marker, a clear error instead of a long silence.
+ */
+import { type ChildProcess, spawn } from 'node:child_process';
+import { readFileSync } from 'node:fs';
+import { mkdtemp, readFile, rm } from 'node:fs/promises';
+import { createServer } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { JetStreamApiError, jetstreamManager } from '@nats-io/jetstream';
+import { connect } from '@nats-io/transport-node';
+import anyTest, { type TestFn } from 'ava';
+import { natsFailure } from '../protocol/index.ts';
+import { type NodeProcess, startNode } from '../ops/local.ts';
+import { type ExecStreamEvent, Paddock } from '../sdk/index.ts';
+import { type ClusterContext, SHARED_IMAGES, startTestCluster, stopTestCluster } from './helpers/cluster.ts';
+
+const test = anyTest as TestFn<ClusterContext>;
+const ROOT = fileURLToPath(new URL('..', import.meta.url));
+
+test.before(async (t) => {
+  // A small stream buffer, so that one case can outrun it and see the gap.
+  Object.assign(t.context, await startTestCluster({ env: { PADDOCK_STREAM_BUFFER_BYTES: '4096' } }));
+});
+test.after.always(async (t) => {
+  await stopTestCluster(t.context.cluster ? t.context : undefined);
+});
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+/** Polls `probe` until it returns something truthy (or `ms` pass: then the last value). */
+async function eventually<T>(probe: () => Promise<T>, ms = 30_000): Promise<T> {
+  const until = Date.now() + ms;
+  for (;;) {
+    const v = await probe().catch(() => undefined as T);
+    if (v || Date.now() > until) return v;
+    await sleep(200);
+  }
+}
+
+/** A loopback port nothing listens on. */
+async function deadPort(): Promise<number> {
+  const srv = createServer();
+  await new Promise<void>((r) => srv.listen(0, '127.0.0.1', r));
+  const port = (srv.address() as { port: number }).port;
+  await new Promise((r) => srv.close(r));
+  return port;
+}
+
+test.serial('a NATS restart keeps sandboxes running; the node re-publishes their true state', async (t) => {
+  const { cluster, pdk } = t.context;
+  const sb = await pdk.sandboxes.create({ image: 'busybox', memoryMiB: 64, ttlSec: 600 });
+  // Its TTL runs out while NATS is away: the node cannot write that it stopped until NATS is back.
+  const brief = await pdk.sandboxes.create({ image: 'busybox', memoryMiB: 64, ttlSec: 2 });
+  await sb.files.write('/tmp/state', 'kept');
+  await cluster.nats.stop();
+  await sleep(3000);
+  await cluster.restartNats();
+
+  // The sandbox kept its processes and files: it was never told NATS went away.
+  const r = await eventually(() => sb.exec(['cat', '/tmp/state'], { timeoutMs: 5000 }));
+  t.is(r?.stdout, 'kept');
+  t.is((await sb.refresh()).state, 'running');
+  // The record written while NATS was away was written again once it came back.
+  const ended = await eventually(async () => {
+    const rec = (await pdk.sandboxes.list({ all: true })).find((s) => s.id === brief.id);
+    return rec?.state === 'stopped' ? rec : undefined;
+  });
+  t.is(ended?.state, 'stopped');
+  t.is(ended?.reason, 'ttl');
+  const live = (await pdk.sandboxes.list()).find((s) => s.id === sb.id);
+  t.is(live?.state, 'running');
+  // Placement sees the node again: a create is answered.
+  const again = await eventually(() => pdk.sandboxes.create({ image: 'busybox', memoryMiB: 64 }, { timeoutMs: 10_000 }));
+  t.truthy(again);
+
+  const log = await readFile(cluster.nodes[0]?.logFile as string, 'utf8');
+  t.regex(log, /lost NATS: sandboxes keep running/);
+  t.regex(log, /re-published sandbox records after reconnect/);
+  await Promise.all([sb.kill(), again?.kill()]);
+});
+
+test.serial('NATS_URL with a dead server first: the SDK and a node use the live one', async (t) => {
+  const { cluster, home } = t.context;
+  const list = `nats://127.0.0.1:${await deadPort()},${cluster.nats.url}`;
+  const pdk = await Paddock.connect({ servers: list, timeoutMs: 30_000 });
+  try {
+    const nodes = await pdk.nodes.list();
+    t.true(nodes.length >= 1);
+  } finally {
+    await pdk.close();
+  }
+  // The CLI and the node read NATS_URL the same way.
+  const extra = await startNode({ natsUrl: list, home, id: `${cluster.nodes[0]?.id}x`, env: { PADDOCK_FN_BUILD: '0', PADDOCK_PLACEMENT: '0' }, imagesDir: SHARED_IMAGES });
+  try {
+    const pdk2 = await Paddock.connect({ servers: cluster.nats.url });
+    const ids = (await pdk2.nodes.list()).map((n) => n.node);
+    await pdk2.close();
+    t.true(ids.includes(extra.id), `${extra.id} registered through the list: ${ids.join(',')}`);
+  } finally {
+    await extra.stop();
+  }
+});
+
+/** Collects a stream: its text, its gaps, and how it ended. */
+async function drain(it: AsyncIterable<ExecStreamEvent>, onEvent: (n: number) => Promise<void> = async () => {}) {
+  let out = '';
+  const gaps: Array<{ events: number; bytes: number }> = [];
+  let exit: number | undefined;
+  let n = 0;
+  for await (const ev of it) {
+    if (ev.type === 'stdout') out += ev.text;
+    else if (ev.type === 'gap') gaps.push({ events: ev.events, bytes: ev.bytes });
+    else if (ev.type === 'exit') exit = ev.exitCode;
+    await onEvent(++n);
+  }
+  return { out, gaps, exit };
+}
+
+test.serial('a stream across a NATS restart loses nothing: what was missed is sent again', async (t) => {
+  const { cluster, pdk } = t.context;
+  const sb = await pdk.sandboxes.create({ image: 'busybox', memoryMiB: 64 });
+  t.teardown(() => sb.kill().then(() => {}));
+  const script = 'i=0; while [ $i -lt 30 ]; do echo line$i; i=$((i+1)); sleep 0.1; done';
+  const r = await drain(sb.execStream(['sh', '-c', script]), async (n) => {
+    // Mid-stream: NATS goes away for a second and a half while the command keeps printing.
+    if (n === 3) {
+      await cluster.nats.stop();
+      await sleep(1500);
+      await cluster.restartNats();
+    }
+  });
+  t.is(r.exit, 0);
+  t.deepEqual(r.gaps, []);
+  t.is(r.out, Array.from({ length: 30 }, (_, i) => `line${i}\n`).join(''));
+});
+
+test.serial('output the node no longer holds comes back as a gap event with its size', async (t) => {
+  const { cluster, pdk } = t.context;
+  const sb = await pdk.sandboxes.create({ image: 'busybox', memoryMiB: 64 });
+  t.teardown(() => sb.kill().then(() => {}));
+  // 64 KiB while NATS is away, against a buffer of 4 KiB.
+  const script = "echo start; sleep 1; head -c 65536 /dev/zero | tr '\\0' x; echo; sleep 2; echo end";
+  const r = await drain(sb.execStream(['sh', '-c', script]), async (n) => {
+    if (n === 1) {
+      await cluster.nats.stop();
+      await sleep(2000);
+      await cluster.restartNats();
+    }
+  });
+  t.is(r.exit, 0);
+  t.is(r.gaps.length, 1, 'one explicit gap');
+  t.true(r.out.startsWith('start\n') && r.out.endsWith('end\n'), r.out.slice(0, 40));
+  // Every byte is either received or counted in the gap.
+  const total = 'start\n'.length + 65536 + 1 + 'end\n'.length;
+  t.is(Buffer.byteLength(r.out) + (r.gaps[0]?.bytes ?? 0), total);
+});
+
+test.serial('a stream whose node is killed ends with UNAVAILABLE; the node restarted marks its sandbox failed', async (t) => {
+  const { cluster, pdk, home } = t.context;
+  const sb = await pdk.sandboxes.create({ image: 'busybox', memoryMiB: 64 });
+  const old = cluster.nodes[0] as NodeProcess;
+  const it = sb.execStream(['sh', '-c', 'echo up; sleep 60']);
+  const first = await it.next();
+  t.is(first.value && first.value.type === 'stdout' ? first.value.text : '', 'up\n');
+  old.proc.kill('SIGKILL');
+  await old.exited;
+  // Within the stream's liveness probe (seconds), not at the exec's timeout (70 s).
+  const err = await t.throwsAsync(it.next());
+  t.is((err as { code?: string }).code, 'UNAVAILABLE');
+  t.regex(err?.message ?? '', /no longer answers/);
+  // The node comes back under its id: what the killed one left is removed, its record says so.
+  const back = await startNode({ natsUrl: cluster.url, home, id: old.id, env: { PADDOCK_FN_BUILD: '0', PADDOCK_HEARTBEAT_MS: '500', PADDOCK_STREAM_BUFFER_BYTES: '4096' }, imagesDir: SHARED_IMAGES });
+  cluster.nodes[0] = back;
+  const rec = (await pdk.sandboxes.list({ all: true })).find((s) => s.id === sb.id);
+  t.is(rec?.state, 'failed');
+  t.is(rec?.reason, 'node_restarted');
+});
+
+/** `paddock up` in a home of its own, as a person runs it; stopped (SIGTERM) by the teardown. */
+async function paddockUp(t: { teardown(fn: () => Promise<void>): void }) {
+  const home = await mkdtemp(join(tmpdir(), 'paddock-faults-up-'));
+  const env: NodeJS.ProcessEnv = { ...process.env, PADDOCK_HOME: home, PADDOCK_NODE_ID: `f${process.pid}up`, PADDOCK_FN_BUILD: '0', PADDOCK_IMAGES_DIR: SHARED_IMAGES, PADDOCK_HEARTBEAT_MS: '500' };
+  delete env.NATS_URL;
+  const child: ChildProcess = spawn(process.execPath, ['--import', 'tsx', join(ROOT, 'ops/cli/main.ts'), 'up'], { cwd: ROOT, env, detached: true, stdio: ['ignore', 'pipe', 'pipe'] });
+  let text = '';
+  child.stdout?.on('data', (d: Buffer) => (text += d.toString()));
+  child.stderr?.on('data', (d: Buffer) => (text += d.toString()));
+  const exited = new Promise<number | null>((r) => child.on('exit', (c) => r(c)));
+  t.teardown(async () => {
+    if (child.exitCode === null && child.signalCode === null && child.pid) process.kill(child.pid, 'SIGTERM');
+    await exited;
+    await rm(home, { recursive: true, force: true });
+  });
+  const ready = await eventually(async () => text.includes('Paddock is up') || child.exitCode !== null, 300_000);
+  if (!ready || !text.includes('Paddock is up')) throw new Error(`paddock up did not come up:\n${text}`);
+  const record = () => JSON.parse(readFileSync(join(home, 'paddock.pid'), 'utf8')) as { pid: number; nats: string; natsPid?: number; nodePid?: number };
+  return { child, home, exited, record, out: () => text };
+}
+
+function alive(pid: number | undefined): boolean {
+  if (!pid) return false;
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+test.serial('paddock up restarts a nats-server and a node that died, and stops NATS only when stopped', async (t) => {
+  t.timeout(300_000);
+  const up = await paddockUp(t);
+  const first = up.record();
+  const pdk = await Paddock.connect({ servers: first.nats, timeoutMs: 30_000 });
+  t.teardown(() => Promise.race([pdk.close().catch(() => {}), sleep(5000)]).then(() => {}));
+  const sb = await pdk.sandboxes.create({ image: 'busybox', memoryMiB: 64 });
+  await sb.files.write('/tmp/state', 'kept');
+
+  // nats-server dies: up starts it again on the same port; the sandbox never notices.
+  process.kill(first.natsPid as number, 'SIGTERM');
+  const second = await eventually(async () => {
+    const r = up.record();
+    return r.natsPid !== first.natsPid && alive(r.natsPid) ? r : undefined;
+  });
+  t.truthy(second, up.out());
+  t.is(second?.nats, first.nats);
+  t.is(up.child.exitCode, null, 'up is still running');
+  const r = await eventually(() => sb.exec(['cat', '/tmp/state'], { timeoutMs: 5000 }));
+  t.is(r?.stdout, 'kept');
+  t.is((await sb.refresh()).state, 'running');
+
+  // The node is SIGKILLed: up starts it again; its start cleans up and says what was lost.
+  process.kill(first.nodePid as number, 'SIGKILL');
+  const third = await eventually(async () => {
+    const rec = up.record();
+    return rec.nodePid !== first.nodePid && alive(rec.nodePid) ? rec : undefined;
+  }, 120_000);
+  t.truthy(third, up.out());
+  t.true(alive(third?.natsPid), 'NATS stayed up while the node was down');
+  const rec = await eventually(async () => {
+    const s = (await pdk.sandboxes.list({ all: true })).find((x) => x.id === sb.id);
+    return s?.state === 'failed' ? s : undefined;
+  });
+  t.is(rec?.reason, 'node_restarted');
+  const again = await pdk.sandboxes.create({ image: 'busybox', memoryMiB: 64 });
+  t.is((await again.exec(['echo', 'ok'])).stdout, 'ok\n');
+  await again.kill();
+
+  await pdk.close();
+  // Stopped on purpose: now everything goes, NATS last.
+  process.kill(up.child.pid as number, 'SIGTERM');
+  await up.exited;
+  t.false(alive(third?.natsPid), 'nats-server stopped with up');
+  t.false(alive(third?.nodePid), 'the node stopped with up');
+});
+
+test('NATS and JetStream failures are UNAVAILABLE with what and why, not raw client errors', async (t) => {
+  // The error JetStream gave `sandboxes.list` on a full disk, as the client raises it.
+  const full = natsFailure(new JetStreamApiError({ code: 500, err_code: 10049, description: 'error creating store for consumer: write: no space left on device' }), 'sandboxes.list');
+  t.is(full?.code, 'UNAVAILABLE');
+  t.like(full?.detail, { what: 'sandboxes.list', reason: 'disk_full' });
+  t.regex(full?.message ?? '', /^sandboxes\.list is unavailable: JetStream cannot write its store/);
+  // A real one: JetStream asked about a stream it has not.
+  const nc = await connect({ servers: t.context.cluster.url });
+  try {
+    const err = await (await jetstreamManager(nc)).streams.info('PDK_NO_SUCH_STREAM').then(
+      () => undefined,
+      (e: unknown) => e,
+    );
+    const mapped = natsFailure(err, 'the bucket');
+    t.is(mapped?.code, 'UNAVAILABLE', String(err));
+    t.is(mapped?.toWire().retryable, true);
+  } finally {
+    await nc.close();
+  }
+  t.is(natsFailure(new Error('not a NATS error'), 'x'), undefined);
+});
