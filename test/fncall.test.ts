@@ -44,11 +44,10 @@ test('python: stdin in, stdout out, with its time and memory', async (t) => {
   t.is(r.node, t.context.cluster.nodes[0]?.id as string);
 });
 
-test('the python image has pip and venv, and names no resolver it cannot reach', async (t) => {
-  const code = 'import os, pip, venv, ensurepip\nprint(pip.__version__.split(".")[0].isdigit(), os.path.exists("/etc/resolv.conf"))\n';
-  const r = await t.context.pdk.fn.invoke({ language: 'python', code });
+test('the python image names no resolver it cannot reach', async (t) => {
+  const r = await t.context.pdk.fn.invoke({ language: 'python', code: 'import os\nprint(os.path.exists("/etc/resolv.conf"))\n' });
   t.is(r.verdict, 'OK', r.stderr);
-  t.is(r.stdout, 'True False\n');
+  t.is(r.stdout, 'False\n');
 });
 
 test('c and cpp are compiled, then run; bash runs; args and files reach the program', async (t) => {

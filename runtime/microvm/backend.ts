@@ -24,7 +24,7 @@
  */
 import { type ChildProcess, spawn } from 'node:child_process';
 import { randomBytes, createHash } from 'node:crypto';
-import { existsSync, readFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync } from 'node:fs';
 import { mkdir, readdir, readFile, rename, rm, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { constants as osConstants } from 'node:os';
@@ -36,6 +36,27 @@ import type { LayerManager } from '../images/layers.ts';
 import { AgentChannel, T } from './channel.ts';
 import { type GuestBoot, guestBoot, hostTscKhz } from './kernel.ts';
 import { Qmp } from './qmp.ts';
+
+/** Removes a VM's directory and the sockets that may live outside it. */
+async function removeVmDir(dir: string): Promise<void> {
+  await rm(dir, { recursive: true, force: true });
+  for (const f of ['qmp.sock', 'agent.sock']) await rm(sockPath(dir, f), { force: true });
+}
+
+/** Where a unix socket path must fit: sun_path is 108 bytes with its NUL. */
+const SUN_PATH_MAX = 107;
+const SHORT_SOCKETS = '/run/paddock-vm';
+
+/**
+ * A VM's socket in its own directory when the path fits a unix address, else under /run (root's
+ * alone): a deep PADDOCK_HOME made QEMU refuse the agent socket ("UNIX socket path ... is too long").
+ */
+export function sockPath(dir: string, name: string): string {
+  const p = join(dir, name);
+  if (Buffer.byteLength(p) <= SUN_PATH_MAX) return p;
+  mkdirSync(SHORT_SOCKETS, { recursive: true, mode: 0o700 });
+  return join(SHORT_SOCKETS, `${createHash('sha256').update(dir).digest('hex').slice(0, 24)}-${name}`);
+}
 
 export interface MicrovmBackendOptions {
   nodeDir: string;
@@ -165,9 +186,9 @@ export class MicrovmBackend implements Backend, Snapshotting {
       '-kernel', boot.vmlinux, '-initrd', boot.initrd, '-append', append.join(' '),
       '-serial', `file:${join(dir, 'console.log')}`,
       '-device', 'virtio-serial-device',
-      '-chardev', `socket,id=agent,path=${join(dir, 'agent.sock')},server=on,wait=off`,
+      '-chardev', `socket,id=agent,path=${sockPath(dir, 'agent.sock')},server=on,wait=off`,
       '-device', 'virtserialport,chardev=agent,name=paddock',
-      '-qmp', `unix:${join(dir, 'qmp.sock')},server=on,wait=off`,
+      '-qmp', `unix:${sockPath(dir, 'qmp.sock')},server=on,wait=off`,
       '-pidfile', join(dir, 'qemu.pid'),
       '-name', `paddock-${this.o.nodeId}`,
       // spawn stays allowed: migration to and from files goes through `exec:` (QEMU 7.2 has no `file:`).
@@ -193,7 +214,7 @@ export class MicrovmBackend implements Backend, Snapshotting {
       throw new ProtocolError('BACKEND_FAILED', `microvm: QEMU exited: ${lastLines(join(dir, 'qemu.err')) || 'no message'}`);
     });
     gone.catch(() => {});
-    const qmp = await Promise.race([Qmp.open(join(dir, 'qmp.sock')), gone]);
+    const qmp = await Promise.race([Qmp.open(sockPath(dir, 'qmp.sock')), gone]);
     return { dir, proc, qmp, exited };
   }
 
@@ -239,7 +260,7 @@ export class MicrovmBackend implements Backend, Snapshotting {
       try {
         await rm(tmp, { recursive: true, force: true });
         vmm = await this.start(tmp, shape, { path: join(tmp, 'mem'), share: true }, []);
-        const agent = await AgentChannel.open(join(tmp, 'agent.sock'));
+        const agent = await AgentChannel.open(sockPath(tmp, 'agent.sock'));
         // The KVM probe is this boot: a kernel that cannot run under it never answers.
         await withTimeout(this.ping(agent, BOOT_TIMEOUT_MS), accel === 'kvm' ? 30_000 : BOOT_TIMEOUT_MS, 'the template guest did not answer');
         agent.close();
@@ -249,7 +270,7 @@ export class MicrovmBackend implements Backend, Snapshotting {
         await vmm.qmp.migrated();
         await vmm.qmp.cmd('quit').catch(() => {});
         await vmm.exited;
-        for (const f of ['qmp.sock', 'agent.sock', 'qemu.pid']) await rm(join(tmp, f), { force: true });
+        for (const f of ['qmp.sock', 'agent.sock', 'qemu.pid']) await rm(f.endsWith('.sock') ? sockPath(tmp, f) : join(tmp, f), { force: true });
         await rename(tmp, dir).catch(async (e: NodeJS.ErrnoException) => {
           // Made meanwhile by a node sharing the directory: use theirs.
           if (e.code !== 'ENOTEMPTY' && e.code !== 'EEXIST') throw e;
@@ -283,7 +304,7 @@ export class MicrovmBackend implements Backend, Snapshotting {
       await this.load(v, join(tmpl.dir, 'dev'));
     } catch (e) {
       await this.stopVmm(v);
-      await rm(v.dir, { recursive: true, force: true });
+      await removeVmDir(v.dir);
       throw e;
     }
     v.loaded = true;
@@ -326,7 +347,7 @@ export class MicrovmBackend implements Backend, Snapshotting {
 
   private async incoming(vm: Vm, vmm: Vmm, state: string): Promise<void> {
     if (!vmm.loaded) await this.load(vmm, state);
-    const agent = await AgentChannel.open(join(vmm.dir, 'agent.sock'));
+    const agent = await AgentChannel.open(sockPath(vmm.dir, 'agent.sock'));
     agent.onBroken = (why) => {
       if (vm.vmm === vmm && !vm.hibernated) {
         vm.failed = why;
@@ -549,7 +570,7 @@ export class MicrovmBackend implements Backend, Snapshotting {
     await vm.vmm.qmp.cmd('quit').catch(() => {});
     await this.stopVmm(vm.vmm);
     v.vmm = undefined;
-    for (const f of ['qmp.sock', 'agent.sock', 'qemu.pid']) await rm(join(vm.dir, f), { force: true });
+    for (const f of ['qmp.sock', 'agent.sock', 'qemu.pid']) await rm(f.endsWith('.sock') ? sockPath(vm.dir, f) : join(vm.dir, f), { force: true });
     return { snapshotBytes: bytes, releasedBytes: rss };
   }
 
@@ -587,7 +608,7 @@ export class MicrovmBackend implements Backend, Snapshotting {
     if (!vm) return;
     vm.agent?.close();
     await this.stopVmm(vm.vmm);
-    if (vm.dir) await rm(vm.dir, { recursive: true, force: true });
+    if (vm.dir) await removeVmDir(vm.dir);
     for (const r of vm.tmpl?.refs ?? []) this.o.layers.releaseFile(r);
     this.vms.delete(id);
   }
@@ -651,12 +672,12 @@ export class MicrovmBackend implements Backend, Snapshotting {
           for (let i = 0; i < 200 && alive(pid); i++) await new Promise((r) => setTimeout(r, 10));
         }
       }
-      await rm(dir, { recursive: true, force: true });
+      await removeVmDir(dir);
       if (meta?.id) ids.push(meta.id);
     }
     // Templates whose boot was cut short.
     for (const d of await readdir(join(this.root, 'templates')).catch(() => [] as string[])) {
-      if (d.includes('.tmp-')) await rm(join(this.root, 'templates', d), { recursive: true, force: true });
+      if (d.includes('.tmp-')) await removeVmDir(join(this.root, 'templates', d));
     }
     return ids;
   }
@@ -668,7 +689,7 @@ export class MicrovmBackend implements Backend, Snapshotting {
       spares.map(async (p) => {
         const v = await p.catch(() => undefined);
         await this.stopVmm(v);
-        if (v) await rm(v.dir, { recursive: true, force: true });
+        if (v) await removeVmDir(v.dir);
       }),
     );
     await Promise.all([...this.vms.keys()].map((id) => this.destroy(id)));
