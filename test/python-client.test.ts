@@ -17,7 +17,13 @@ test("the Python client's tests pass with Debian's python3 against a live Paddoc
   let out = '';
   py.stdout.on('data', (d) => (out += d));
   py.stderr.on('data', (d) => (out += d));
+  // A client that hangs must fail this test with what it printed, not hold the suite up.
+  const guard = setTimeout(() => {
+    out += '\n(the Python tests were still running after 5 minutes: killed)\n';
+    py.kill('SIGKILL');
+  }, 300_000);
   const code = await new Promise<number | null>((r) => py.on('exit', r));
+  clearTimeout(guard);
   t.log(out.trim().split('\n').slice(-15).join('\n'));
   t.is(code, 0, out);
   t.regex(out, /Ran \d+ tests/);
