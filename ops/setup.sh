@@ -60,8 +60,10 @@ if [ ! -d node_modules ] || [ package-lock.json -nt node_modules/.package-lock.j
 fi
 
 # The compiled CLI and SDK (dist/): rebuilt when a source is newer than the last build.
-if [ ! -f dist/.tsbuildinfo ] || [ -n "$(find protocol actors bridge chronus runtime ops sdk package.json tsconfig.json tsconfig.build.json -newer dist/.tsbuildinfo \( -name '*.ts' -o -name '*.json' \) -print -quit)" ]; then
+# dist/.built, not tsc's .tsbuildinfo: a `tsc -p tsconfig.build.json --noEmit` rewrites the latter
+# without emitting anything, and dist/ would then look current when it is not.
+if [ ! -f dist/.built ] || [ -n "$(find protocol actors bridge chronus runtime ops sdk package.json tsconfig.json tsconfig.build.json -newer dist/.built \( -name '*.ts' -o -name '*.json' \) -print -quit)" ]; then
   echo "paddock: building dist/" >&2
   npx tsc -p tsconfig.build.json >&2
-  touch dist/.tsbuildinfo
+  touch dist/.built
 fi
