@@ -21,21 +21,14 @@ import { Kvm } from '@nats-io/kv';
 import { connect } from '@nats-io/transport-node';
 import { Buckets, encode } from '../../protocol/index.ts';
 import { startNats } from '../nats.ts';
+import { nJsonArgs } from './harness.ts';
 import { round3, type Summary, summarize } from './stats.ts';
 
 const ROOT = fileURLToPath(new URL('../../', import.meta.url));
 const TARGET_MS = 300;
 
 function parseArgs(argv: readonly string[]): { n: number; json: boolean } {
-  const o = { n: 30, json: false };
-  for (let i = 0; i < argv.length; i++) {
-    const a = argv[i];
-    if (a === '--json') o.json = true;
-    else if (a === '--n') o.n = Number(argv[++i]);
-    else throw new Error(`unknown argument ${a}; usage: cli.ts [--n N] [--json]`);
-  }
-  if (!Number.isInteger(o.n) || o.n < 1) throw new Error('--n: a positive integer');
-  return o;
+  return nJsonArgs(argv, 30, 'usage: cli.ts [--n N] [--json]');
 }
 
 /** CPU time (user + system) of this process's waited-for children so far, in ms (from /proc, 10 ms ticks). */

@@ -20,7 +20,7 @@ import { performance } from 'node:perf_hooks';
 import { fileURLToPath } from 'node:url';
 import { Paddock } from '../../sdk/index.ts';
 import { startLocalCluster } from '../local.ts';
-import { cleanUp, cleanUpOnSignals, numberArg, onCleanup, progress, runMain, UsageError } from './harness.ts';
+import { cleanUp, cleanUpOnSignals, nJsonArgs, onCleanup, progress, runMain } from './harness.ts';
 import { round3, summarize } from './stats.ts';
 
 const ROOT = fileURLToPath(new URL('../../', import.meta.url));
@@ -30,17 +30,7 @@ const SSE_BYTES = 48 * MiB;
 const RSS_REQUESTS = 10_000;
 
 function parseArgs(argv: readonly string[]): { n: number; json: boolean } {
-  const o = { n: 30, json: false };
-  for (let i = 0; i < argv.length; i++) {
-    const a = argv[i] as string;
-    if (a === '--json') o.json = true;
-    else if (a === '--n' || a.startsWith('--n=')) {
-      const r = numberArg(argv, i, '--n', USAGE);
-      o.n = r.value;
-      i = r.next;
-    } else throw new UsageError(`unknown argument ${a}\n${USAGE}`);
-  }
-  return o;
+  return nJsonArgs(argv, 30, USAGE);
 }
 
 const time = async (f: () => Promise<unknown>): Promise<number> => {

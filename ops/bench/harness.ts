@@ -67,6 +67,21 @@ export function numberArg(argv: readonly string[], i: number, name: string, usag
   return { value: n, next: a === name ? i + 1 : i };
 }
 
+/** The flags most benchmarks take: `--n N` (runs) and `--json`. */
+export function nJsonArgs(argv: readonly string[], defaultN: number, usage: string): { n: number; json: boolean } {
+  const o = { n: defaultN, json: false };
+  for (let i = 0; i < argv.length; i++) {
+    const a = argv[i] as string;
+    if (a === '--json') o.json = true;
+    else if (a === '--n' || a.startsWith('--n=')) {
+      const r = numberArg(argv, i, '--n', usage);
+      o.n = r.value;
+      i = r.next;
+    } else throw new UsageError(`unknown argument ${a}\n${usage}`);
+  }
+  return o;
+}
+
 // ─── Cgroups ────────────────────────────────────────────────────────────────────────────────────
 
 /** Removes the cgroup `dir` and everything below it, killing whatever still runs there; returns what was removed. */

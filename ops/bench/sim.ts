@@ -13,24 +13,14 @@ import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { Paddock, type Sandbox } from '../../sdk/index.ts';
 import { startLocalCluster } from '../local.ts';
-import { numberArg, progress, runMain, table, UsageError } from './harness.ts';
+import { nJsonArgs, progress, runMain, table } from './harness.ts';
 import { round3, summarize } from './stats.ts';
 
 const USAGE = 'usage: sim.ts [--n N] [--json]';
 const BATCH = 50;
 
 function parseArgs(argv: readonly string[]): { n: number; json: boolean } {
-  const o = { n: 2000, json: false };
-  for (let i = 0; i < argv.length; i++) {
-    const a = argv[i] as string;
-    if (a === '--json') o.json = true;
-    else if (a === '--n' || a.startsWith('--n=')) {
-      const r = numberArg(argv, i, '--n', USAGE);
-      o.n = r.value;
-      i = r.next;
-    } else throw new UsageError(`unknown argument ${a}\n${USAGE}`);
-  }
-  return o;
+  return nJsonArgs(argv, 2000, USAGE);
 }
 
 async function main(): Promise<void> {
