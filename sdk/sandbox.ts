@@ -22,8 +22,8 @@ import {
   subjectTemplate,
 } from '../protocol/index.ts';
 import { Attr, traceHeaders } from '../protocol/trace.ts';
-import { CancelledError, errorFromWire, NotFoundError, PaddockError, TimeoutError, UnavailableError } from './errors.ts';
-import { type CallOptions, checkTimeout, clientAttrs, sdkTracer, type Transport } from './transport.ts';
+import { CancelledError, errorFromWire, NotFoundError, TimeoutError, UnavailableError } from './errors.ts';
+import { type CallOptions, checkTimeout, clientAttrs, sdkTracer, spanFailed, type Transport } from './transport.ts';
 
 export interface ExecOptions extends CallOptions {
   cwd?: string;
@@ -280,8 +280,7 @@ export class Sandbox {
         }
       }
     } catch (err) {
-      if (err instanceof PaddockError) span.setAttribute(Attr.errorCode, err.code);
-      span.setStatus({ code: SpanStatusCode.ERROR, message: (err as Error).message });
+      spanFailed(span, err);
       throw err;
     } finally {
       span.end();

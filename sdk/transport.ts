@@ -1,6 +1,6 @@
 /** Request/reply over NATS with the protocol's envelope, timeouts, cancellation and trace headers. */
 import { type NatsConnection, RequestError, TimeoutError as NatsTimeout } from '@nats-io/transport-node';
-import { type Attributes, SpanKind, SpanStatusCode, trace } from '@opentelemetry/api';
+import { type Attributes, type Span, SpanKind, SpanStatusCode, trace } from '@opentelemetry/api';
 import { decode, encode, natsFailure, type Reply, subjectTemplate } from '../protocol/index.ts';
 import { Attr, traceHeaders } from '../protocol/trace.ts';
 import { CancelledError, errorFromWire, InvalidRequestError, PaddockError, TimeoutError, UnavailableError } from './errors.ts';
@@ -93,8 +93,7 @@ export class Transport {
         if (r && typeof r.exitCode === 'number') span.setAttribute(Attr.execExitCode, r.exitCode);
         return result;
       } catch (err) {
-        if (err instanceof PaddockError) span.setAttribute(Attr.errorCode, err.code);
-        span.setStatus({ code: SpanStatusCode.ERROR, message: (err as Error).message });
+        spanFailed(span, err);
         throw err;
       } finally {
         span.end();
@@ -190,4 +189,10 @@ export function abortable<T>(p: Promise<T>, signal: AbortSignal): Promise<T> {
       },
     );
   });
+}
+
+/** Marks a client span failed, with the Paddock error code when there is one. */
+export function spanFailed(span: Span, err: unknown): void {
+  if (err instanceof PaddockError) span.setAttribute(Attr.errorCode, err.code);
+  span.setStatus({ code: SpanStatusCode.ERROR, message: (err as Error).message });
 }
