@@ -67,14 +67,15 @@ test('a timeout kills the whole process tree and returns the partial output', as
   // Long enough for `echo` to run however slow this host is: scaled by what an exec takes here
   // (a loaded 2-core machine once took over 2 s to start one). The sleeps outlast it by far.
   const probe = await sb.exec(['echo']);
-  const timeoutMs = Math.max(2000, Math.ceil(20 * probe.durationMs));
-  const r = await sb.exec(['sh', '-c', 'echo started; sleep 300 & sleep 301; echo never'], { timeoutMs });
+  // Capped well under the sleeps: a slow first exec must not stretch the timeout past them.
+  const timeoutMs = Math.min(60_000, Math.max(2000, Math.ceil(20 * probe.durationMs)));
+  const r = await sb.exec(['sh', '-c', 'echo started; sleep 600 & sleep 601; echo never'], { timeoutMs });
   t.true(r.timedOut);
   t.is(r.stdout, 'started\n');
   t.is(r.exitCode, 137);
   t.true(r.durationMs >= timeoutMs, `durationMs ${r.durationMs}`);
   const ps = await sb.exec(['ps']);
-  t.notRegex(ps.stdout, /sleep 30[01]/);
+  t.notRegex(ps.stdout, /sleep 60[01]/);
 });
 
 test('execStream yields output as it comes, then the exit', async (t) => {
