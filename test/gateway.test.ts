@@ -97,10 +97,18 @@ test('exec as Server-Sent Events: output as it comes, then exit; closing the con
     return false;
   };
   let ps = '';
-  t.true(await eventually(async () => !(ps = (await call(`/v1/sandboxes/${id}/exec`, json({ cmd: ['ps'] }))).body.stdout).includes('sleep 300')), ps);
+  const gone = await eventually(async () => {
+    ps = (await call(`/v1/sandboxes/${id}/exec`, json({ cmd: ['ps'] }))).body.stdout;
+    return !ps.includes('sleep 300');
+  });
+  t.true(gone, ps);
   // Every stream slot is free again.
   let metrics = '';
-  t.true(await eventually(async () => /paddock_gateway_streams\{kind="exec"\} 0/.test((metrics = (await call('/metrics')).body))), metrics);
+  const freed = await eventually(async () => {
+    metrics = (await call('/metrics')).body;
+    return /paddock_gateway_streams\{kind="exec"\} 0/.test(metrics);
+  });
+  t.true(freed, metrics);
 });
 
 test('files: PUT of any size, GET with ranges, list, DELETE', async (t) => {
