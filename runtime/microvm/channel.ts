@@ -4,8 +4,9 @@
  * guest is not trusted: a frame longer than MAX_FRAME, of an unknown type, or for an id nobody
  * waits for cuts the channel (`onBroken`), and the sandbox is failed, not the node.
  */
-import { connect, type Socket } from 'node:net';
+import type { Socket } from 'node:net';
 import { ProtocolError } from '../../protocol/index.ts';
+import { connectUnix } from './qmp.ts';
 
 export const T = { EXEC: 1, STDIN: 2, KILL: 3, FREAD: 4, FWRITE: 5, FLIST: 6, FREMOVE: 7, SYNC: 8, PING: 9, OUT: 101, ERR: 102, EXIT: 103, REPLY: 104 } as const;
 const MAX_FRAME = 2 * 1024 * 1024 + 64;
@@ -34,11 +35,7 @@ export class AgentChannel {
     const deadline = Date.now() + timeoutMs;
     for (;;) {
       try {
-        const sock = await new Promise<Socket>((resolve, reject) => {
-          const s = connect(path);
-          s.once('connect', () => resolve(s));
-          s.once('error', reject);
-        });
+        const sock = await connectUnix(path);
         sock.setNoDelay(true);
         return new AgentChannel(sock);
       } catch (e) {

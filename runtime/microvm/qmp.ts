@@ -16,11 +16,7 @@ export class Qmp {
     const deadline = Date.now() + timeoutMs;
     for (;;) {
       try {
-        const sock = await new Promise<Socket>((resolve, reject) => {
-          const s = connect(path);
-          s.once('connect', () => resolve(s));
-          s.once('error', reject);
-        });
+        const sock = await connectUnix(path);
         const q = new Qmp(sock);
         q.start();
         await q.greeted;
@@ -100,4 +96,13 @@ export class Qmp {
     this.closed = true;
     this.sock.destroy();
   }
+}
+
+/** One connection attempt to a unix socket (QEMU may not have made it yet: callers retry). */
+export function connectUnix(path: string): Promise<Socket> {
+  return new Promise<Socket>((resolve, reject) => {
+    const s = connect(path);
+    s.once('connect', () => resolve(s));
+    s.once('error', reject);
+  });
 }
