@@ -7,6 +7,7 @@ export default {
   files: adversarial ? ['test/adversarial/**/*.test.ts'] : ['test/**/*.test.ts', '!test/adversarial/**'],
   extensions: { ts: 'module' },
   nodeArguments: ['--import=tsx'],
+  require: ['./test/helpers/worker-mark.ts'],
   workerThreads: false,
   timeout: '120s',
   concurrency: adversarial ? 1 : 2,

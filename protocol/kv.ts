@@ -1,30 +1,62 @@
 /** Reading a whole JetStream KV bucket: the one scan every directory reader uses. */
-import type { KV } from '@nats-io/kv';
+import { DeliverPolicy, type JsMsg } from '@nats-io/jetstream';
+import { Bucket, type KV } from '@nats-io/kv';
 import { decode } from './codec.ts';
 import { ProtocolError } from './errors.ts';
 
 export interface ScanOptions {
-  /** Stop with TIMEOUT past this moment (ms since the epoch). */
+  /** Stop with TIMEOUT past this moment (ms since the epoch; default: a minute from now). */
   deadline?: number;
   signal?: AbortSignal;
 }
 
+const SCAN_TIMEOUT_MS = 60_000;
+
 /**
- * Every live entry of a bucket, decoded, in batches of parallel gets. Keys are collected first
- * into a set: a key written while the scan runs (a sandbox changing state) is listed again by
- * the key iterator.
+ * Every live entry of a bucket, decoded, in one pass of an ordered consumer over the last value of
+ * each key. Not `kv.keys()` + a get per key: that is a request per key, and its key iterator ends
+ * on a message whose `pending` is 0 or else on the consumer's idle heartbeat, so a bucket written
+ * while it runs (sandboxes changing state) held a listing for 30 s. This one also ends once it
+ * has seen the stream's last sequence as of just after the consumer was made: every key's last
+ * value at that moment comes at or before it, in stream order.
  */
 export async function scanKv<T>(kv: KV, opts: ScanOptions = {}): Promise<Array<{ key: string; value: T }>> {
-  const keys = new Set<string>();
-  for await (const k of await kv.keys()) keys.add(k);
-  const all = [...keys];
+  if (!(kv instanceof Bucket)) throw new TypeError('scanKv: not a JetStream KV bucket');
+  const deadline = opts.deadline ?? Date.now() + SCAN_TIMEOUT_MS;
+  if (opts.signal?.aborted) throw new ProtocolError('CANCELLED', 'the listing was cancelled');
+  if (Date.now() > deadline) throw new ProtocolError('TIMEOUT', 'the listing did not finish in time (0 keys read)');
+  const prefix = `$KV.${kv.bucket}.`;
+  const consumer = await kv.js.consumers.get(kv.stream, { filter_subjects: `${prefix}>`, deliver_policy: DeliverPolicy.LastPerSubject });
+  const info = await consumer.info();
+  if (info.num_pending === 0) return [];
+  const fence = (await kv.jsm.streams.info(kv.stream)).state.last_seq;
+  const latest = new Map<string, JsMsg>();
+  const iter = await consumer.consume({ max_messages: 512 });
+  let why: ProtocolError | undefined;
+  const stop = (e: ProtocolError) => {
+    why = e;
+    void iter.close();
+  };
+  const timer = setTimeout(() => stop(new ProtocolError('TIMEOUT', `the listing did not finish in time (${latest.size} keys read)`)), Math.max(0, deadline - Date.now()));
+  const onAbort = () => stop(new ProtocolError('CANCELLED', 'the listing was cancelled'));
+  opts.signal?.addEventListener('abort', onAbort, { once: true });
+  try {
+    for await (const m of iter) {
+      // A key written while the scan runs comes again: its later value wins.
+      latest.set(m.subject.slice(prefix.length), m);
+      if (m.info.pending === 0 || m.seq >= fence) break;
+    }
+  } finally {
+    clearTimeout(timer);
+    opts.signal?.removeEventListener('abort', onAbort);
+    await iter.close().catch(() => {});
+  }
+  if (why) throw why;
   const out: Array<{ key: string; value: T }> = [];
-  const batch = 64;
-  for (let i = 0; i < all.length; i += batch) {
-    if (opts.signal?.aborted) throw new ProtocolError('CANCELLED', 'the listing was cancelled');
-    if (opts.deadline !== undefined && Date.now() > opts.deadline) throw new ProtocolError('TIMEOUT', `the listing did not finish in time (${i} of ${all.length} read)`);
-    const got = await Promise.all(all.slice(i, i + batch).map((k) => kv.get(k)));
-    for (const e of got) if (e?.operation === 'PUT') out.push({ key: e.key, value: decode(e.value) as T });
+  for (const [key, m] of latest) {
+    const op = m.headers?.get('KV-Operation');
+    if (op === 'DEL' || op === 'PURGE') continue;
+    out.push({ key, value: decode(m.data) as T });
   }
   return out;
 }

@@ -14,7 +14,7 @@ let keyed: TestGateway;
 let ready: Promise<void> | undefined;
 test.beforeEach(async (t) => {
   ready ??= (async () => {
-    gw = await startTestGateway(t.context.pdk, { maxStreamsPerKey: 3 });
+    gw = await startTestGateway(t.context.pdk);
     keyed = await startTestGateway(t.context.pdk, { keys: loadKeys({ PADDOCK_API_KEYS: 'k-one, k-two' }) });
   })();
   await ready;
@@ -40,7 +40,11 @@ async function create(spec: Record<string, unknown> = {}): Promise<string> {
 test('sandboxes through HTTP: create, get, list by label, group and state, exec, kill', async (t) => {
   const id = await create({ labels: { job: 'gw', run: 'a' }, group: 'gwgroup' });
   const other = await create({ labels: { job: 'gw', run: 'b' } });
-  t.teardown(() => fetch(`${gw.url}/v1/sandboxes/${other}`, { method: 'DELETE' }));
+  t.teardown(async () => {
+    const t0 = Date.now();
+    await fetch(`${gw.url}/v1/sandboxes/${other}`, { method: 'DELETE' });
+    console.error('TEARDOWN', Date.now() - t0);
+  });
   const got = await call(`/v1/sandboxes/${id}`);
   t.is(got.status, 200);
   t.is(got.body.state, 'running');
@@ -230,18 +234,44 @@ test('errors are JSON with a stable code; bad input is 400, unknown routes 404, 
 });
 
 test('a stream bound per key: the next one is 429 with Retry-After until one closes', async (t) => {
+  // A gateway of its own: the file's other tests hold streams of theirs on the shared one.
+  const small = await startTestGateway(t.context.pdk, { maxStreamsPerKey: 2 });
+  t.teardown(() => small.close());
   const open: AbortController[] = [];
-  for (let i = 0; i < 3; i++) {
+  // Held until the end: fetch cancels the body of a response nobody references once it is
+  // collected, which would close the stream and free its slot.
+  const held: Response[] = [];
+  t.teardown(() => {
+    for (const ac of open) ac.abort();
+  });
+  // The slot is taken before the headers are sent: a stream is open once fetch has resolved (an
+  // event may never come, no sandbox need change).
+  const openOne = async () => {
     const ac = new AbortController();
     open.push(ac);
-    const r = await fetch(`${gw.url}/v1/events`, { signal: ac.signal });
-    await sseEvents(r).next().catch(() => {});
-  }
-  const refused = await call('/v1/events');
+    const r = await fetch(`${small.url}/v1/events`, { signal: ac.signal });
+    t.is(r.status, 200);
+    held.push(r);
+    return ac;
+  };
+  await openOne();
+  const second = await openOne();
+  const refused = await fetch(`${small.url}/v1/events`);
   t.is(refused.status, 429);
-  t.is(refused.body.code, 'BUSY');
-  t.is(refused.res.headers.get('retry-after'), '1');
-  for (const ac of open) ac.abort();
+  t.is(((await refused.json()) as { code: string }).code, 'BUSY');
+  t.is(refused.headers.get('retry-after'), '1');
+  // Closing one frees its slot (the server sees the close a moment later).
+  second.abort();
+  for (;;) {
+    const r = await fetch(`${small.url}/v1/events`, { signal: AbortSignal.timeout(60_000) });
+    if (r.status === 200) {
+      await r.body?.cancel();
+      break;
+    }
+    t.is(r.status, 429);
+    await r.body?.cancel();
+    await new Promise((res) => setTimeout(res, 50));
+  }
 });
 
 test('API keys: none configured serves loopback only; with keys a Bearer key is required', async (t) => {

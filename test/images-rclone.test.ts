@@ -5,7 +5,7 @@
  */
 import { type ChildProcess, spawn } from 'node:child_process';
 import { mkdtemp, rm } from 'node:fs/promises';
-import { createServer } from 'node:net';
+import { connect, createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import test from 'ava';
@@ -23,6 +23,22 @@ async function freePort(): Promise<number> {
   });
 }
 
+/** Until the server accepts connections on the port (rclone takes a while to start on a busy machine). */
+async function listening(port: number, p: ChildProcess): Promise<void> {
+  for (const until = Date.now() + 60_000; ; await new Promise((r) => setTimeout(r, 100))) {
+    if (p.exitCode !== null) throw new Error(`rclone serve exited (${p.exitCode}) before it listened`);
+    const ok = await new Promise<boolean>((resolve) => {
+      const s = connect(port, '127.0.0.1', () => {
+        s.destroy();
+        resolve(true);
+      });
+      s.once('error', () => resolve(false));
+    });
+    if (ok) return;
+    if (Date.now() > until) throw new Error(`rclone serve did not listen on ${port} within a minute`);
+  }
+}
+
 test('rclone: push to an object store, nodes load lazily from it, pull back, gc', async (t) => {
   const bucket = await mkdtemp(join(tmpdir(), 'paddock-bucket-'));
   t.teardown(() => rm(bucket, { recursive: true, force: true }));
@@ -31,7 +47,7 @@ test('rclone: push to an object store, nodes load lazily from it, pull back, gc'
   t.teardown(() => {
     dav.kill('SIGTERM');
   });
-  await new Promise((r) => setTimeout(r, 800));
+  await listening(port, dav);
   const location = `rclone::webdav,url='http://127.0.0.1:${port}':paddock`;
   const remote = openStore(location);
   t.teardown(() => remote.close());

@@ -5,29 +5,15 @@
  * request past its 60 s timeout while image builds run beside it); each one the retry hides is
  * named here, so it is seen, not lost.
  */
-import { spawn } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { runAva } from './helpers/ava-run.ts';
 
 const root = fileURLToPath(new URL('..', import.meta.url));
-const ava = join(root, 'node_modules', '.bin', 'ava');
-
-function run(args: string[]): Promise<{ code: number; out: string }> {
-  return new Promise((resolve) => {
-    const p = spawn(ava, args, { cwd: root, stdio: ['ignore', 'pipe', 'pipe'] });
-    let out = '';
-    p.stdout.on('data', (d: Buffer) => {
-      process.stdout.write(d);
-      out += d.toString();
-    });
-    p.stderr.on('data', (d: Buffer) => {
-      process.stderr.write(d);
-      out += d.toString();
-    });
-    p.on('exit', (c) => resolve({ code: c ?? 1, out }));
-  });
-}
+// Inside npm test's 45 minutes: a quiet two-core machine runs the whole suite in about 13.
+const FULL_BUDGET_MS = (Number(process.env.PADDOCK_TEST_BUDGET_MIN) || 32) * 60_000;
+const RETRY_BUDGET_MS = 10 * 60_000;
 
 /** The test files a run's output names as failed: `✘ [fail]: <file> › …`, and files left pending at a timeout. */
 function failedFiles(out: string): string[] {
@@ -38,11 +24,12 @@ function failedFiles(out: string): string[] {
   return [...files].filter((f) => existsSync(join(root, f)));
 }
 
-const first = await run(process.argv.slice(2));
+const first = await runAva(process.argv.slice(2), { budgetMs: FULL_BUDGET_MS, label: 'the full run' });
 if (first.code === 0) process.exit(0);
+if (first.overBudget) process.exit(1);
 const files = failedFiles(first.out);
 if (files.length === 0) process.exit(first.code);
 process.stdout.write(`\npaddock: ${files.length} test file(s) failed in the full run: ${files.join(' ')}\npaddock: running them once more on their own\n\n`);
-const again = await run(files);
+const again = await runAva(files, { budgetMs: RETRY_BUDGET_MS, label: 'the retry' });
 process.stdout.write(again.code === 0 ? `\npaddock: the retry passed; the failures above were intermittent (${files.join(' ')})\n` : '\npaddock: the retry failed too\n');
 process.exit(again.code);

@@ -1,9 +1,11 @@
 /** Host-facing pure logic: cgroup layout detection and the OCI config. */
 import test from 'ava';
-import { loadConfig } from '../runtime/config.ts';
-import { detectCgroups } from '../runtime/cgroups.ts';
-import { MASKED_PATHS, ociConfig } from '../runtime/container/oci.ts';
 import { validateSpec } from '../protocol/index.ts';
+import { EXEC_KILLED } from '../runtime/backend.ts';
+import { detectCgroups } from '../runtime/cgroups.ts';
+import { loadConfig } from '../runtime/config.ts';
+import { MASKED_PATHS, ociConfig } from '../runtime/container/oci.ts';
+import { verdictOf } from '../runtime/container/verdict.ts';
 
 const line = (id: number, target: string, fstype: string) => `${id} 1 0:${id} / ${target} rw,nosuid - ${fstype} ${fstype} rw`;
 
@@ -40,4 +42,18 @@ test('config: PADDOCK_BIN_DIR must be an absolute path outside /proc, /sys and /
   t.is(loadConfig({}).binDir, '/var/cache/paddock/bin');
   t.throws(() => loadConfig({ PADDOCK_BIN_DIR: 'relative/bin' }), { message: /must be an absolute path/ });
   for (const dir of ['/proc/1/bin', '/sys', '//dev/shm/bin']) t.throws(() => loadConfig({ PADDOCK_BIN_DIR: dir }), { message: /not be under \/proc, \/sys or \/dev/ });
+});
+
+test('verdicts: a limit says why; a killed sandbox is KILLED even though its torn-down layer reads as full', (t) => {
+  const quiet = { pidsMax: 0, oomKills: 0 };
+  const failed = { exitCode: 1, timedOut: false, truncated: false };
+  t.is(verdictOf(failed, quiet, { pidsMax: 0, oomKills: 1 }, false), 'MEMORY_LIMIT');
+  t.is(verdictOf(failed, quiet, quiet, true), 'DISK_LIMIT');
+  t.is(verdictOf({ ...failed, exitCode: 0 }, quiet, quiet, true), 'OK', 'a full layer matters only to a command that failed');
+  const killed = new AbortController();
+  killed.abort(EXEC_KILLED);
+  t.is(verdictOf({ ...failed, noSpace: true }, quiet, quiet, true, killed.signal), 'KILLED');
+  const cancelled = new AbortController();
+  cancelled.abort();
+  t.is(verdictOf(failed, quiet, quiet, false, cancelled.signal), 'CANCELLED');
 });

@@ -49,6 +49,9 @@ export async function diskFull(path: string): Promise<boolean> {
 }
 
 export function verdictOf(o: Pick<ExecOutcome, 'exitCode' | 'timedOut' | 'truncated' | 'noSpace'>, before: LimitCounters, after: LimitCounters, full: boolean, stopped?: AbortSignal): ExecVerdict {
+  // A killed sandbox's exec sees its teardown: the writable layer unmounted under it reads as full,
+  // its cgroup as gone. The kill is why it ended.
+  if (stopped?.aborted && stopped.reason === EXEC_KILLED) return 'KILLED';
   if (after.oomKills > before.oomKills) return 'MEMORY_LIMIT';
   if (after.pidsMax > before.pidsMax) return 'PIDS_LIMIT';
   // A full layer matters only to a command that failed: a later `ls` on a full disk is OK. A
@@ -80,7 +83,7 @@ export async function judged(watch: LimitWatch, disk: string, outer: AbortSignal
   try {
     const o = await run(ctl.signal);
     const after = watch.read();
-    o.verdict = verdictOf(o, before, after, o.exitCode !== 0 && (await diskFull(disk)), outer);
+    o.verdict = verdictOf(o, before, after, o.exitCode !== 0 && !(outer?.aborted && outer.reason === EXEC_KILLED) && (await diskFull(disk)), outer);
     return o;
   } finally {
     clearInterval(poll);

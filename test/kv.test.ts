@@ -1,0 +1,47 @@
+/** The directory scan against a real nats-server: every key once, the latest value, deletes gone, and an end while it is written. */
+import { mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { Kvm } from '@nats-io/kv';
+import { connect } from '@nats-io/transport-node';
+import test from 'ava';
+import { startNats } from '../ops/nats.ts';
+import { encode, scanKv } from '../protocol/index.ts';
+
+test('scanKv: the last value of every live key, also while the bucket is written; cancel and deadline end it', async (t) => {
+  const dir = await mkdtemp(join(tmpdir(), 'paddock-kv-'));
+  const nats = await startNats({ dataDir: dir });
+  const nc = await connect({ servers: nats.url });
+  t.teardown(async () => {
+    await nc.close();
+    await nats.stop();
+    await rm(dir, { recursive: true, force: true });
+  });
+  const kv = await new Kvm(nc).create('scan', { history: 1 });
+  t.deepEqual(await scanKv(kv), []);
+  for (let i = 0; i < 500; i++) await kv.put(`k${i}`, encode({ i, v: 1 }));
+  await kv.put('k7', encode({ i: 7, v: 2 }));
+  await kv.delete('k5');
+  await kv.purge('k6');
+  // A writer beside the scans, as nodes write the directory while a listing runs.
+  let writing = true;
+  const writer = (async () => {
+    for (let i = 0; writing; i++) {
+      await kv.put(`w${i % 5}`, encode({ w: i }));
+      await kv.delete(`w${(i + 2) % 5}`);
+    }
+  })();
+  for (let round = 0; round < 10; round++) {
+    const got = (await scanKv<{ i: number; v: number }>(kv)).filter((e) => e.key.startsWith('k'));
+    t.is(got.length, 498);
+    t.is(new Set(got.map((e) => e.key)).size, 498);
+    t.false(got.some((e) => e.key === 'k5' || e.key === 'k6'));
+    t.is(got.find((e) => e.key === 'k7')?.value.v, 2);
+  }
+  writing = false;
+  await writer;
+  const ac = new AbortController();
+  ac.abort();
+  await t.throwsAsync(scanKv(kv, { signal: ac.signal }), { message: /cancelled/ });
+  await t.throwsAsync(scanKv(kv, { deadline: Date.now() - 1 }), { message: /did not finish in time/ });
+});
