@@ -82,8 +82,19 @@ export function runAva(args: string[], o: { env?: Record<string, string>; budget
     const say = (s: string) => process.stdout.write(`\npaddock: ${o.label}: ${s}\n`);
     let reported = Date.now();
     const long = new Set<string>();
+    // When each file was first and last seen running: the slowest are printed at the end, so a
+    // run's time can be told apart by file.
+    const spans = new Map<string, { first: number; last: number }>();
     const watch = setInterval(() => {
       const now = Date.now();
+      for (const m of readdirSync(marks)) {
+        try {
+          const f = readFileSync(join(marks, m), 'utf8').replace(root, '');
+          const s = spans.get(f);
+          if (s) s.last = now;
+          else spans.set(f, { first: now, last: now });
+        } catch {}
+      }
       if (now - started > o.budgetMs && !overBudget) {
         overBudget = true;
         say(`past its budget of ${o.budgetMs / 60_000} min; interrupting ava. Running now:\n${status(marks)}`);
@@ -105,9 +116,11 @@ export function runAva(args: string[], o: { env?: Record<string, string>; budget
           say(`a test file has run for over ${LONG_FILE_MS / 60_000} min. Running now:\n${status(marks)}`);
         }
       }
-    }, 10_000);
+    }, 2000);
     p.on('exit', (c) => {
       clearInterval(watch);
+      const slow = [...spans].map(([f, s]) => [f, s.last - s.first] as const).sort((a, b) => b[1] - a[1]).slice(0, 8);
+      if (slow.length > 0) say(`${Math.round((Date.now() - started) / 1000)} s in all; the longest files: ${slow.map(([f, ms]) => `${f} ${Math.round(ms / 1000)} s`).join(', ')}`);
       rmSync(marks, { recursive: true, force: true });
       resolve({ code: overBudget ? 1 : (c ?? 1), out, overBudget });
     });
