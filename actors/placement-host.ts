@@ -38,6 +38,8 @@ import type { Inspector } from './inspect.ts';
 import { hasRoom, isLive, placementMachine, rank } from './placement.ts';
 import { RolloutHost } from './rollout-host.ts';
 
+/** A create that finds no node rereads the node table unless it was read this recently. */
+const CREATE_RELOAD_MS = 1000;
 /** How many nodes one create tries before giving up with NO_CAPACITY. */
 const MAX_TRIES = 3;
 const NODE_CREATE_TIMEOUT_MS = 120_000;
@@ -150,16 +152,34 @@ export class PlacementHost {
     return { nodes };
   }
 
-  /** Reads the whole node table: at start, and when a create finds no live node (the watch may lag). */
-  private async reload(): Promise<void> {
-    for (const { value } of await scanKv<NodeRecord>(this.nodes)) this.actor.send({ type: 'NODE_SEEN', record: value });
+  private reloading?: Promise<void>;
+  private reloadedAt = 0;
+
+  /**
+   * Reads the whole node table: at start, and when a create finds no live node (the watch may lag).
+   * Callers meanwhile share the read in flight; with `unlessNewerThanMs`, a read that ended that
+   * recently is enough: 300 creates refused at once were 300 scans of the table, and the node's
+   * neighbours felt them.
+   */
+  private reload(unlessNewerThanMs = 0): Promise<void> {
+    if (this.reloading) return this.reloading;
+    if (unlessNewerThanMs > 0 && Date.now() - this.reloadedAt < unlessNewerThanMs) return Promise.resolve();
+    this.reloading = (async () => {
+      try {
+        for (const { value } of await scanKv<NodeRecord>(this.nodes)) this.actor.send({ type: 'NODE_SEEN', record: value });
+        this.reloadedAt = Date.now();
+      } finally {
+        this.reloading = undefined;
+      }
+    })();
+    return this.reloading;
   }
 
   private async create(body: unknown): Promise<CreateReply> {
     const { spec, id = newSandboxId(), waitForCapacityMs = this.wait.ms } = validateCreate(body);
     let ranking = rank(this.actor.getSnapshot().context, spec, Date.now());
     if (ranking.nodes.length === 0) {
-      await this.reload();
+      await this.reload(CREATE_RELOAD_MS);
       ranking = rank(this.actor.getSnapshot().context, spec, Date.now());
     }
     if (ranking.nodes.length === 0) {

@@ -78,7 +78,15 @@ export class ProtocolError extends Error {
   readonly code: ErrorCode;
   readonly detail?: Record<string, unknown>;
   constructor(code: ErrorCode, message: string, opts?: { cause?: unknown; detail?: Record<string, unknown> }) {
-    super(message, opts?.cause === undefined ? undefined : { cause: opts.cause });
+    // The caller's faults and capacity refusals are answers, not bugs: no one reads their stack,
+    // and capturing it was the largest single cost of refusing a burst of creates.
+    const limit = Error.stackTraceLimit;
+    if (ErrorCodes[code].fault === 'user' || code === 'NO_CAPACITY') Error.stackTraceLimit = 0;
+    try {
+      super(message, opts?.cause === undefined ? undefined : { cause: opts.cause });
+    } finally {
+      Error.stackTraceLimit = limit;
+    }
     this.code = code;
     this.detail = opts?.detail;
   }
