@@ -162,7 +162,7 @@ export class PlacementHost {
    * neighbours felt them.
    */
   private reload(unlessNewerThanMs = 0): Promise<void> {
-    if (this.reloading) return this.reloading;
+    if (this.reloading !== undefined) return this.reloading;
     if (unlessNewerThanMs > 0 && Date.now() - this.reloadedAt < unlessNewerThanMs) return Promise.resolve();
     this.reloading = (async () => {
       try {
