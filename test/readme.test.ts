@@ -75,7 +75,8 @@ function alive(pid: number | undefined): boolean {
 }
 
 async function nothingLeft(t: { false(v: boolean, m?: string): void }, s: Started): Promise<void> {
-  const code = await Promise.race([s.exited, new Promise<'hung'>((r) => setTimeout(() => r('hung'), 120_000))]);
+  // Unref'd: a pending two-minute timer held the test file's worker (and an ava slot) open that long.
+  const code = await Promise.race([s.exited, new Promise<'hung'>((r) => setTimeout(() => r('hung'), 120_000).unref())]);
   t.false(code === 'hung', `npm start is still running:\n${s.out()}`);
   for (const [what, pid] of [['paddock up', s.up.pid], ['nats-server', s.up.natsPid], ['node', s.up.nodePid]] as const) t.false(alive(pid), `${what} (pid ${pid}) is still running`);
   t.false(existsSync(join(s.home, 'paddock.pid')), 'the pid file is gone');

@@ -11,7 +11,9 @@ import anyTest from 'ava';
 import { type LocalCluster, type NodeProcess, startLocalCluster, startNode } from '../../ops/local.ts';
 import { Paddock } from '../../sdk/index.ts';
 
-export const SHARED_IMAGES = join(tmpdir(), 'paddock-test-images');
+import { SHARED_IMAGES } from './paths.ts';
+
+export { SHARED_IMAGES };
 
 let clusters = 0;
 

@@ -6,7 +6,7 @@
 import { ensureLanguageImages } from '../../runtime/fncall/languages.ts';
 import { loadConfig } from '../../runtime/config.ts';
 import { ImageStore } from '../../runtime/images/store.ts';
-import { SHARED_IMAGES } from './cluster.ts';
+import { SHARED_IMAGES } from './paths.ts';
 
 export async function ensureFnImages(): Promise<void> {
   await ensureLanguageImages(new ImageStore(SHARED_IMAGES), { copyFrom: [loadConfig({}).imagesDir] });
