@@ -26,6 +26,7 @@ import {
   type NodeRecord,
   ProtocolError,
   type Resources,
+  type SandboxSpec,
   type SandboxInfo,
   scanKv,
   subjects,
@@ -84,6 +85,11 @@ export interface NodeGroupReply {
   failed: Array<{ id: string; node: string; code: string; message: string }>;
   /** hibernate: what this node's sandboxes of the group gave back. */
   releasedBytes: number;
+}
+
+/** What a sandbox of `spec` takes from a node. */
+function needOf(spec: SandboxSpec): Resources {
+  return { cpu: spec.cpu, memoryMiB: spec.memoryMiB, sandboxes: 1, pids: spec.pidsLimit, diskMiB: diskMiBOf(spec) };
 }
 
 export class NodeHost {
@@ -250,11 +256,9 @@ export class NodeHost {
     const id = b.id ?? newSandboxId();
     if (this.sandboxes.has(id)) throw new ProtocolError('INVALID_REQUEST', `sandbox ${id} already exists`);
 
-    const need: Resources = { cpu: spec.cpu, memoryMiB: spec.memoryMiB, sandboxes: 1, pids: spec.pidsLimit, diskMiB: diskMiBOf(spec) };
-    const ctx = this.supervisor.getSnapshot().context;
-    const empty = { ...ctx, pools: { [spec.backend]: { capacity: ctx.pools[spec.backend]?.capacity ?? open.capacity, allocated: { cpu: 0, memoryMiB: 0, sandboxes: 0 } } } };
-    const never = refusal(empty, spec.backend, need);
-    if (never) throw new ProtocolError('NO_CAPACITY', `node ${this.id} can never hold this sandbox: ${never}`);
+    const need = needOf(spec);
+    const never = this.neverHolds(spec, need, this.supervisor.getSnapshot().context.pools[spec.backend]?.capacity ?? open.capacity);
+    if (never) throw new ProtocolError('NO_CAPACITY', never);
     const admit = { type: 'ADMIT' as const, id, kind: spec.backend, need };
     // Refused before the spec's images are looked up: a trainer's creates past capacity cost the node little.
     this.admissible(admit);
@@ -312,6 +316,33 @@ export class NodeHost {
       if (next) next();
       else this.supervisor.send({ type: 'CREATE_END' });
     }
+  }
+
+  /**
+   * Why this node would refuse `spec` now (NO_CAPACITY's message), or undefined when it would try:
+   * the placement replica in the same process asks here instead of over NATS, the same checks
+   * `create` makes first. A burst of creates past capacity was two hops a refusal, and the node's
+   * own sandboxes' requests queued behind them on its one thread.
+   */
+  refusalFor(spec: SandboxSpec): string | undefined {
+    const pool = this.supervisor.getSnapshot().context.pools[spec.backend];
+    if (!pool) return undefined;
+    const need = needOf(spec);
+    const never = this.neverHolds(spec, need, pool.capacity);
+    if (never) return never;
+    try {
+      this.admissible({ type: 'ADMIT', id: '-', kind: spec.backend, need });
+      return undefined;
+    } catch (err) {
+      return (err as Error).message;
+    }
+  }
+
+  /** Why the node could not hold `spec` even empty (its pids or disk, the pool's capacity), or undefined. */
+  private neverHolds(spec: SandboxSpec, need: Resources, capacity: Resources): string | undefined {
+    const ctx = this.supervisor.getSnapshot().context;
+    const why = refusal({ ...ctx, pools: { [spec.backend]: { capacity, allocated: { cpu: 0, memoryMiB: 0, sandboxes: 0 } } } }, spec.backend, need);
+    return why ? `node ${this.id} can never hold this sandbox: ${why}` : undefined;
   }
 
   /** NO_CAPACITY unless the supervisor would admit this now. */

@@ -96,6 +96,8 @@ export class PlacementHost {
     private readonly log: Logger,
     inspect?: Inspector,
     private readonly wait: WaitOptions = { ms: 30_000, maxWaiting: 10_000 },
+    /** The node this replica runs beside, asked in-process whether it would refuse a create. */
+    private readonly local?: { id: string; refusalFor(spec: SandboxSpec): string | undefined },
   ) {
     this.actor = createActor(placementMachine, inspect ? { inspect } : {});
     this.directory = new DirectoryHost(nc, log);
@@ -199,6 +201,12 @@ export class PlacementHost {
   private async attempt(id: string, spec: SandboxSpec, nodes: string[]): Promise<{ result: CreateReply } | { refusals: string[] }> {
     const refusals: string[] = [];
     for (const node of nodes.slice(0, MAX_TRIES)) {
+      // The same answer the node would send, without the round trip through NATS and its handler.
+      const refused = node === this.local?.id ? this.local.refusalFor(spec) : undefined;
+      if (refused !== undefined) {
+        refusals.push(`${node}: ${refused}`);
+        continue;
+      }
       this.actor.send({ type: 'SENT', node, cpu: spec.cpu, memoryMiB: spec.memoryMiB });
       try {
         const reply = await this.nc.request(subjects.node(node, 'create'), encode({ id, spec }), { timeout: NODE_CREATE_TIMEOUT_MS, headers: traceHeaders() });

@@ -102,10 +102,11 @@ class NodeProcess {
     }
 
     const inspect = transitionInspector(log);
-    this.host = new NodeHost({ nc, directory, nodes, backends: this.backends, images: this.images, journal: this.journal, fn: this.fn, cfg, log, inspect });
-    await this.host.start();
+    const host = new NodeHost({ nc, directory, nodes, backends: this.backends, images: this.images, journal: this.journal, fn: this.fn, cfg, log, inspect });
+    this.host = host;
+    await host.start();
     if (cfg.placement) {
-      this.placement = new PlacementHost(nc, nodes, log.child({ part: 'placement' }), inspect, cfg.waitForCapacity);
+      this.placement = new PlacementHost(nc, nodes, log.child({ part: 'placement' }), inspect, cfg.waitForCapacity, { id: cfg.nodeId, refusalFor: (spec) => host.refusalFor(spec) });
       await this.placement.start();
     }
     this.metrics = await startNodeMetrics({ nc, nodes, nodeId: cfg.nodeId, nodeDir: cfg.nodeDir, log });
