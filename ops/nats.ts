@@ -42,36 +42,47 @@ export async function startNats(opts: { dataDir: string; port?: number; logFile?
   const exited = new Promise<number>((r) => proc.on('exit', (c) => r(c ?? 1)));
   // Seconds, not milliseconds, on a loaded machine: JetStream reads its store before it listens.
   const deadline = Date.now() + 30_000;
-  for (;;) {
-    if (proc.exitCode !== null) throw new Error(`nats-server exited: ${stderr.trim()}`);
-    const file = (await readdir(portsDir).catch(() => [] as string[])).find((f) => f.includes(`_${proc.pid}.ports`));
-    if (file) {
-      const ports = JSON.parse(await readFile(join(portsDir, file), 'utf8').catch(() => '{}')) as { nats?: string[] };
-      const url = ports.nats?.[0];
-      if (url) {
-        const port = Number(new URL(url).port);
-        return {
-          url: `nats://127.0.0.1:${port}`,
-          port,
-          proc,
-          // Resolves once the process is gone (its port free for a restart on the same one).
-          stop: async () => {
-            if (proc.exitCode === null && proc.signalCode === null) {
-              proc.kill('SIGTERM');
-              await Promise.race([exited, new Promise((r) => setTimeout(r, 5000))]);
+  try {
+    for (;;) {
+      if (proc.exitCode !== null) throw new Error(`nats-server exited: ${stderr.trim()}`);
+      const file = (await readdir(portsDir).catch(() => [] as string[])).find((f) => f.includes(`_${proc.pid}.ports`));
+      if (file) {
+        // Read while nats-server may still be writing it: a half-written file is tried again. (It
+        // once threw out of here and left the server running, holding a test worker open.)
+        let ports: { nats?: string[] } = {};
+        try {
+          ports = JSON.parse(await readFile(join(portsDir, file), 'utf8'));
+        } catch {}
+        const url = ports.nats?.[0];
+        if (url) {
+          const port = Number(new URL(url).port);
+          return {
+            url: `nats://127.0.0.1:${port}`,
+            port,
+            proc,
+            // Resolves once the process is gone (its port free for a restart on the same one).
+            stop: async () => {
               if (proc.exitCode === null && proc.signalCode === null) {
-                proc.kill('SIGKILL');
+                proc.kill('SIGTERM');
                 await Promise.race([exited, new Promise((r) => setTimeout(r, 5000))]);
+                if (proc.exitCode === null && proc.signalCode === null) {
+                  proc.kill('SIGKILL');
+                  await Promise.race([exited, new Promise((r) => setTimeout(r, 5000))]);
+                }
               }
-            }
-          },
-        };
+            },
+          };
+        }
       }
+      if (Date.now() > deadline) {
+        proc.kill('SIGKILL');
+        throw new Error(`nats-server did not start: ${stderr.trim()}`);
+      }
+      await new Promise((r) => setTimeout(r, 20));
     }
-    if (Date.now() > deadline) {
-      proc.kill('SIGKILL');
-      throw new Error(`nats-server did not start: ${stderr.trim()}`);
-    }
-    await new Promise((r) => setTimeout(r, 20));
+  } catch (e) {
+    // Whatever went wrong while waiting, the server must not outlive the start that failed.
+    if (proc.exitCode === null && proc.signalCode === null) proc.kill('SIGKILL');
+    throw e;
   }
 }
