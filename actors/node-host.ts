@@ -256,12 +256,10 @@ export class NodeHost {
     const id = b.id ?? newSandboxId();
     if (this.sandboxes.has(id)) throw new ProtocolError('INVALID_REQUEST', `sandbox ${id} already exists`);
 
-    const need = needOf(spec);
-    const never = this.neverHolds(spec, need, this.supervisor.getSnapshot().context.pools[spec.backend]?.capacity ?? open.capacity);
-    if (never) throw new ProtocolError('NO_CAPACITY', never);
-    const admit = { type: 'ADMIT' as const, id, kind: spec.backend, need };
     // Refused before the spec's images are looked up: a trainer's creates past capacity cost the node little.
-    this.admissible(admit);
+    const refused = this.refusalFor(spec, open.capacity);
+    if (refused !== undefined) throw new ProtocolError('NO_CAPACITY', refused);
+    const admit = { type: 'ADMIT' as const, id, kind: spec.backend, need: needOf(spec) };
     await open.checkSpec(spec);
     this.admissible(admit);
     this.supervisor.send(admit);
@@ -324,32 +322,28 @@ export class NodeHost {
    * `create` makes first. A burst of creates past capacity was two hops a refusal, and the node's
    * own sandboxes' requests queued behind them on its one thread.
    */
-  refusalFor(spec: SandboxSpec): string | undefined {
-    const pool = this.supervisor.getSnapshot().context.pools[spec.backend];
-    if (!pool) return undefined;
+  refusalFor(spec: SandboxSpec, fallback?: Resources): string | undefined {
+    const ctx = this.supervisor.getSnapshot().context;
+    const capacity = ctx.pools[spec.backend]?.capacity ?? fallback;
+    if (!capacity) return undefined;
     const need = needOf(spec);
-    const never = this.neverHolds(spec, need, pool.capacity);
-    if (never) return never;
-    try {
-      this.admissible({ type: 'ADMIT', id: '-', kind: spec.backend, need });
-      return undefined;
-    } catch (err) {
-      return (err as Error).message;
-    }
+    const never = refusal({ ...ctx, pools: { [spec.backend]: { capacity, allocated: { cpu: 0, memoryMiB: 0, sandboxes: 0 } } } }, spec.backend, need);
+    if (never) return `node ${this.id} can never hold this sandbox: ${never}`;
+    return this.admissionRefusal({ type: 'ADMIT', id: '-', kind: spec.backend, need });
   }
 
-  /** Why the node could not hold `spec` even empty (its pids or disk, the pool's capacity), or undefined. */
-  private neverHolds(spec: SandboxSpec, need: Resources, capacity: Resources): string | undefined {
-    const ctx = this.supervisor.getSnapshot().context;
-    const why = refusal({ ...ctx, pools: { [spec.backend]: { capacity, allocated: { cpu: 0, memoryMiB: 0, sandboxes: 0 } } } }, spec.backend, need);
-    return why ? `node ${this.id} can never hold this sandbox: ${why}` : undefined;
+  /** Why the supervisor would not admit this now, or undefined. */
+  private admissionRefusal(admit: { type: 'ADMIT'; id: string; kind: BackendKind; need: Resources }): string | undefined {
+    const snap = this.supervisor.getSnapshot();
+    if (admissionState(snap.value) !== 'serving') return `node ${this.id} is draining`;
+    if (!snap.can(admit)) return `node ${this.id} is full: ${refusal(snap.context, admit.kind, admit.need) ?? 'refused'}`;
+    return undefined;
   }
 
   /** NO_CAPACITY unless the supervisor would admit this now. */
   private admissible(admit: { type: 'ADMIT'; id: string; kind: BackendKind; need: Resources }): void {
-    const snap = this.supervisor.getSnapshot();
-    if (admissionState(snap.value) !== 'serving') throw new ProtocolError('NO_CAPACITY', `node ${this.id} is draining`);
-    if (!snap.can(admit)) throw new ProtocolError('NO_CAPACITY', `node ${this.id} is full: ${refusal(snap.context, admit.kind, admit.need) ?? 'refused'}`);
+    const why = this.admissionRefusal(admit);
+    if (why !== undefined) throw new ProtocolError('NO_CAPACITY', why);
   }
 
   /** A sandbox whose init died: it fails at once (reason crashed). */

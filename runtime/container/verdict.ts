@@ -83,7 +83,7 @@ export async function judged(watch: LimitWatch, disk: string, outer: AbortSignal
   try {
     const o = await run(ctl.signal);
     const after = watch.read();
-    o.verdict = verdictOf(o, before, after, o.exitCode !== 0 && !(outer?.aborted && outer.reason === EXEC_KILLED) && (await diskFull(disk)), outer);
+    o.verdict = verdictOf(o, before, after, o.exitCode !== 0 && (await diskFull(disk)), outer);
     return o;
   } finally {
     clearInterval(poll);
