@@ -4,21 +4,26 @@
  * host it can unmount the empty cgroup2 at /sys/fs/cgroup/unified that makes crun refuse to run.
  * `setpriv`, `unshare` and `sh` exec in place, so the pid a caller gets is the node's own.
  */
-import { fileURLToPath } from 'node:url';
+import { join } from 'node:path';
 import { detectCgroups } from '../runtime/cgroups.ts';
 import { NS_MARK } from '../runtime/namespace.ts';
+import { distIsCurrent, isCompiled, ROOT } from '../runtime/source.ts';
 
 export { NS_MARK };
 
-export function nodeMainPath(): string {
-  // Started from the compiled CLI (dist/ops/launch.js), the node still runs from its
-  // TypeScript sources: its C and Python helpers live beside them, and a process that runs for
-  // hours does not mind tsx's second of start-up.
-  const compiled = import.meta.url.endsWith('.js');
-  return fileURLToPath(new URL(compiled ? '../../ops/node-main.ts' : './node-main.ts', import.meta.url));
+/**
+ * The node's entry point and the flags node needs for it. Compiled (dist/ops/node-main.js) when
+ * this module runs compiled or dist/ is current, else the TypeScript source through tsx. tsx's
+ * loader hooks cost ~1 s of CPU per start (measured: importing the node host takes 1.43 s of CPU
+ * through tsx, 0.52 s compiled, even when tsx loads the compiled files), which a suite that starts
+ * hundreds of nodes on two cores pays in wall time.
+ */
+export function nodeEntry(): { main: string; execArgv: string[] } {
+  if (isCompiled(import.meta.url) || distIsCurrent()) return { main: join(ROOT, 'dist', 'ops', 'node-main.js'), execArgv: [] };
+  return { main: join(ROOT, 'ops', 'node-main.ts'), execArgv: ['--import', import.meta.resolve('tsx')] };
 }
 
-/** The command line that runs a node: `unshare … node --import tsx ops/node-main.ts`. */
+/** The command line that runs a node: `unshare … node dist/ops/node-main.js` (nodeEntry). */
 export function nodeCommand(o: { dieWithParent?: boolean } = {}): { cmd: string; args: string[]; env: Record<string, string> } {
   // crun still writes <cgroupsPath>/cgroup.procs under `unified` once it is unmounted; a private
   // tmpfs there keeps those writes inside the node's namespace instead of on the host's tmpfs.
@@ -28,11 +33,12 @@ export function nodeCommand(o: { dieWithParent?: boolean } = {}): { cmd: string;
   // SIGTERM when the process that started the node dies, however it dies: the node then stops in
   // order and kills its sandboxes instead of running on with no one to stop it.
   // A bridge machine (bridge/providers/local) outlives the bridge that started it: a successor adopts it.
-  const unshare = ['--mount', '--propagation', 'private', '--', '/bin/sh', '-c', `${prep}exec "$@"`, 'sh', process.execPath, '--import', import.meta.resolve('tsx'), nodeMainPath()];
+  const { main, execArgv } = nodeEntry();
+  const unshare = ['--mount', '--propagation', 'private', '--', '/bin/sh', '-c', `${prep}exec "$@"`, 'sh', process.execPath, ...execArgv, main];
   if (o.dieWithParent === false) return { cmd: 'unshare', args: unshare, env: { [NS_MARK]: '1' } };
   return {
     cmd: 'setpriv',
-    args: ['--pdeathsig', 'TERM', '--', 'unshare', '--mount', '--propagation', 'private', '--', '/bin/sh', '-c', `${prep}exec "$@"`, 'sh', process.execPath, '--import', import.meta.resolve('tsx'), nodeMainPath()],
+    args: ['--pdeathsig', 'TERM', '--', 'unshare', ...unshare],
     env: { [NS_MARK]: '1' },
   };
 }

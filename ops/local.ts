@@ -3,9 +3,9 @@
  * mount namespace (see launch.ts). Used by `paddock up`, the tests and the benchmarks.
  */
 import { type ChildProcess, spawn } from 'node:child_process';
-import type { Writable } from 'node:stream';
 import { mkdir } from 'node:fs/promises';
 import { join } from 'node:path';
+import type { Writable } from 'node:stream';
 import { logsDir } from '../protocol/discovery.ts';
 import { nodeCommand } from './launch.ts';
 import { rotatingLog } from './logfile.ts';

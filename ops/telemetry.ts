@@ -7,8 +7,8 @@
  * the caller's trace id, with or without an exporter. Also: on-demand CPU profiles.
  */
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
-import { hostname } from 'node:os';
 import { Session } from 'node:inspector';
+import { hostname } from 'node:os';
 import { join } from 'node:path';
 import type { Writable } from 'node:stream';
 import { context, propagation } from '@opentelemetry/api';

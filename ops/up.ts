@@ -19,11 +19,11 @@ import { mkdir, readFile, rename, rm, writeFile } from 'node:fs/promises';
 import { createConnection } from 'node:net';
 import { hostname } from 'node:os';
 import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { DEFAULT_HOME, logsDir, natsUrlFile, upPidFile } from '../protocol/discovery.ts';
 import { sanitizeId } from '../runtime/config.ts';
-import { type RunningGateway, startUpGateway } from './gateway/index.ts';
+import { ROOT } from '../runtime/source.ts';
 import { type RunningBridge, startBridge } from './bridge-main.ts';
+import { type RunningGateway, startUpGateway } from './gateway/index.ts';
 import { type NodeProcess, startNode } from './local.ts';
 import { type EmbeddedNats, startNats } from './nats.ts';
 
@@ -251,7 +251,7 @@ export async function up(o: { nats?: string; say: (s: string) => void; show: (s:
     // The bridge runs only when a provider is configured (bridge/config.ts).
     if (process.env.PADDOCK_BRIDGE_PROVIDER) bridge = await startBridge({ natsUrl });
     await writeRecord(nd);
-    o.show(banner({ root: fileURLToPath(new URL(import.meta.url.endsWith('.js') ? '../../' : '../', import.meta.url)).replace(/\/$/, ''), natsUrl, embedded: nats !== undefined, home, nodeId, logs, urlFile, placement: process.env.PADDOCK_PLACEMENT !== '0' }));
+    o.show(banner({ root: ROOT, natsUrl, embedded: nats !== undefined, home, nodeId, logs, urlFile, placement: process.env.PADDOCK_PLACEMENT !== '0' }));
     return await finished;
   } catch (err) {
     // A shutdown already under way owns the teardown and the exit.

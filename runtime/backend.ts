@@ -4,10 +4,11 @@
  * registry (backends.ts). A new backend is a new folder under runtime/ that exports a
  * `BackendPlugin` and passes test/backend-contract.test.ts; nothing else moves.
  */
+
+import type { Logger } from 'pino';
 import type { BackendKind, ExecVerdict, FileEntry, NetworkPolicy, Resources, SandboxSpec, SandboxStats } from '../protocol/index.ts';
 import type { NodeConfig } from './config.ts';
 import type { NodeImages } from './images/node-images.ts';
-import type { Logger } from 'pino';
 
 export interface ExecOptions {
   cmd: string[];

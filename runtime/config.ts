@@ -4,8 +4,8 @@
  */
 import { cpus, hostname, totalmem } from 'node:os';
 import { isAbsolute, join, normalize } from 'node:path';
-import { positiveEnv } from '../protocol/env.ts';
 import { DEFAULT_HOME } from '../protocol/discovery.ts';
+import { positiveEnv } from '../protocol/env.ts';
 import { type BackendKind, Backends } from '../protocol/index.ts';
 
 export interface NodeConfig {

@@ -12,10 +12,11 @@
  * What the API creates is owned by the sandbox's root (its unprivileged host uid), as if the
  * sandbox had made it; sizes are bounded by the chunk limit per call and the writable layer's size.
  */
+
+import { isUtf8 } from 'node:buffer';
 import { constants } from 'node:fs';
 import { type FileHandle, lstat, mkdir, open, readdir, readlink, rmdir, stat, unlink } from 'node:fs/promises';
 import { join } from 'node:path';
-import { isUtf8 } from 'node:buffer';
 import type { FileEntry, FileType } from '../protocol/index.ts';
 import { Limits, ProtocolError } from '../protocol/index.ts';
 

@@ -7,15 +7,15 @@
 import { type ChildProcess, spawn } from 'node:child_process';
 import { accessSync, constants, statSync } from 'node:fs';
 import { isAbsolute, join, resolve } from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { ProtocolError } from '../protocol/index.ts';
+import { sourceFile } from './source.ts';
 import { buildStaticBinary } from './static-binary.ts';
 
 /** What one request may hold (spawner.c FRAME_MAX and its string table). */
 const MAX_FRAME_BYTES = 1 << 20;
 const MAX_FIELDS = 8000;
 
-export const SPAWNER_SOURCE = fileURLToPath(new URL('./spawner.c', import.meta.url));
+export const SPAWNER_SOURCE = sourceFile(import.meta.url, './spawner.c');
 
 /** The sandbox's own mount namespace, with its writable layer and overlay root (hardening.ts ownMounts). */
 export interface MountPlan {

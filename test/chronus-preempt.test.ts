@@ -8,6 +8,7 @@ import { type ChildProcess, spawn } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import type { ExecutionContext } from 'ava';
 import { type ClusterContext, clusterTest } from './helpers/cluster.ts';
+import { scriptBundle } from './helpers/script.ts';
 import { SLOW_STEP, STEPS } from './fixtures/chronus/trainer.ts';
 
 const test = clusterTest();
@@ -23,8 +24,8 @@ interface Run {
 }
 
 /** Runs a trainer process; SIGKILLs it `delayMs` after it announces step `kill.step` (-1: its attach). */
-function trainer(url: string, rolloutId: string, kill?: { step: number; delayMs: number }): Promise<Run> {
-  const child: ChildProcess = spawn(process.execPath, ['--import', 'tsx', TRAINER, url, rolloutId], { stdio: ['ignore', 'pipe', 'pipe'] });
+async function trainer(url: string, rolloutId: string, kill?: { step: number; delayMs: number }): Promise<Run> {
+  const child: ChildProcess = spawn(process.execPath, [await scriptBundle(TRAINER), url, rolloutId], { stdio: ['ignore', 'pipe', 'pipe'] });
   const lines: Line[] = [];
   let buf = '';
   let stderr = '';

@@ -3,7 +3,7 @@
  * images the languages run in (`fn build`; nodes also build them in the background at their
  * first start).
  */
-import { parseFlags } from './args.ts';
+
 import { readFile } from 'node:fs/promises';
 import { extname } from 'node:path';
 import { type FnLanguage, FnLanguages, type FnLimits, Limits } from '../../protocol/index.ts';
@@ -11,6 +11,7 @@ import { loadConfig } from '../../runtime/config.ts';
 import { ensureLanguageImages } from '../../runtime/fncall/languages.ts';
 import { type ImageManifest, ImageStore } from '../../runtime/images/store.ts';
 import type { FnRequest, FnResult } from '../../sdk/index.ts';
+import { parseFlags } from './args.ts';
 import { connect, type GlobalFlags, out, UsageError } from './common.ts';
 
 export const FN_USAGE = `Usage: paddock fn <command>

@@ -4,7 +4,7 @@
  * Paddock's (named in its node records), so `image ls` lists what the nodes can use; with no
  * Paddock running, the local one.
  */
-import { parseFlags } from './args.ts';
+
 import { existsSync, readFileSync, statSync } from 'node:fs';
 import { dirname, resolve } from 'node:path';
 import { ErrorCodes, type NodeLayerStats, type NodeRecord, ProtocolError } from '../../protocol/index.ts';
@@ -14,6 +14,7 @@ import type { LayerStore } from '../../runtime/images/layer-store.ts';
 import { copyImage, LocalLayerStore, openStore } from '../../runtime/images/remote.ts';
 import { StoreServer } from '../../runtime/images/server.ts';
 import { type ImageManifest, ImageStore } from '../../runtime/images/store.ts';
+import { parseFlags } from './args.ts';
 import { connect, type GlobalFlags, human, out, UsageError } from './common.ts';
 
 export const IMAGE_USAGE = `Usage: paddock image <command>

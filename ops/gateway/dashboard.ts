@@ -6,12 +6,11 @@ import { existsSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import { createRequire } from 'node:module';
 import { dirname, join } from 'node:path';
-import { fileURLToPath } from 'node:url';
 import type { FastifyInstance } from 'fastify';
+import { sourceFile } from '../../runtime/source.ts';
 
-const here = dirname(fileURLToPath(import.meta.url));
-// Next to the sources (tsx) or, compiled, next to dist/ops/gateway: the page is not compiled.
-const pageDir = here.includes('/dist/') ? join(here, '..', '..', '..', 'ops', 'gateway', 'dashboard') : join(here, 'dashboard');
+// The page is not compiled: beside the sources, from dist/ too.
+const pageDir = sourceFile(import.meta.url, './dashboard');
 const require = createRequire(import.meta.url);
 /** A package's folder: from its main file up to its package.json (chart.js exports no package.json). */
 function pkgDir(name: string): string {

@@ -6,8 +6,8 @@ import { Paddock } from '../../sdk/index.ts';
 import { loadKeys } from './auth.ts';
 import { buildGateway, type GatewayOptions } from './server.ts';
 
-export { buildGateway } from './server.ts';
 export type { GatewayOptions } from './server.ts';
+export { buildGateway } from './server.ts';
 
 export interface RunningGateway {
   /** `host:port` as it listens (what PADDOCK_HTTP prints). */

@@ -19,28 +19,28 @@ import { closeSync, constants, mkdirSync, openSync, readFileSync, writeFileSync 
 import { type FileHandle, mkdir, open, readdir, readFile, rm, rmdir, writeFile } from 'node:fs/promises';
 import { constants as osConstants } from 'node:os';
 import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
+import type { Logger } from 'pino';
 import { diskMiBOf, type NetworkPolicy, ProtocolError, type SandboxSpec, type SandboxStats } from '../../protocol/index.ts';
 import type { Backend, ExecOptions, ExecOutcome, HibernateOutcome } from '../backend.ts';
 import { type CgroupMode, cgroupDir, detectCgroups, favorDynamicCgroups, isMountPoint, v1Hierarchies } from '../cgroups.ts';
-import { sysMount } from '../images/fuse.ts';
-import { NS_MARK } from '../namespace.ts';
 import { RootFiles } from '../files.ts';
-import type { LayerManager } from '../images/layers.ts';
 import { BUSYBOX_INIT } from '../images/busybox.ts';
+import { sysMount } from '../images/fuse.ts';
+import type { LayerManager } from '../images/layers.ts';
 import { waitExecuted } from '../images/started.ts';
-import { readText } from '../sync-read.ts';
-import { buildStaticBinary } from '../static-binary.ts';
-import { type MountPlan, resolveProgram, Spawner } from '../spawner.ts';
-import type { Logger } from 'pino';
 import type { ImageManifest, LayerRef } from '../images/store.ts';
-import { run } from '../proc.ts';
-import { execInContainer } from './exec.ts';
+import { NS_MARK } from '../namespace.ts';
 import { Egress } from '../network/egress.ts';
+import { run } from '../proc.ts';
+import { sourceFile } from '../source.ts';
+import { type MountPlan, resolveProgram, Spawner } from '../spawner.ts';
+import { buildStaticBinary } from '../static-binary.ts';
+import { readText } from '../sync-read.ts';
+import { execInContainer } from './exec.ts';
 import { Hardening } from './hardening.ts';
-import { judged, LimitWatch } from './verdict.ts';
 import { baseEnv, ociConfig } from './oci.ts';
 import { CgroupSleep } from './sleep.ts';
+import { judged, LimitWatch } from './verdict.ts';
 
 export interface ContainerBackendOptions {
   nodeDir: string;
@@ -532,7 +532,7 @@ export class ContainerBackend implements Backend {
   }
 }
 
-const INIT_SOURCE = fileURLToPath(new URL('./init.c', import.meta.url));
+const INIT_SOURCE = sourceFile(import.meta.url, './init.c');
 
 /**
  * Image inits that only keep a container alive: the sandbox init does that by itself, so they are

@@ -20,16 +20,16 @@ import { readFileSync } from 'node:fs';
 import { chmod, mkdir, readFile, rm, rmdir, stat, writeFile } from 'node:fs/promises';
 import { cpus as hostCpus } from 'node:os';
 import { dirname, join, relative, resolve } from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { type CgroupMode, cgroupDir, mounts } from '../cgroups.ts';
-import type { MountPlan } from '../spawner.ts';
 import { run } from '../proc.ts';
+import { sourceFile } from '../source.ts';
+import type { MountPlan } from '../spawner.ts';
 import { type IdRange, SANDBOX_IDS } from './oci.ts';
 
 /** CPUs lxcfs may use, all sandboxes' /proc reads together (boundLxcfs). */
 const LXCFS_CPU = Number(process.env.PADDOCK_LXCFS_CPU) || 0.5;
 
-const IDMAP_HELPER = fileURLToPath(new URL('./idmap.py', import.meta.url));
+const IDMAP_HELPER = sourceFile(import.meta.url, './idmap.py');
 
 export class Hardening {
   readonly ids: IdRange = SANDBOX_IDS;

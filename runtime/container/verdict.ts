@@ -8,10 +8,10 @@
  * why), then TIMEOUT and OUTPUT_LIMIT (what Paddock did about it).
  */
 import { statfs } from 'node:fs/promises';
-import { readText } from '../sync-read.ts';
 import type { ExecVerdict } from '../../protocol/index.ts';
 import { EXEC_KILLED, type ExecOutcome } from '../backend.ts';
 import { type CgroupMode, cgroupDir } from '../cgroups.ts';
+import { readText } from '../sync-read.ts';
 
 export interface LimitCounters {
   pidsMax: number;

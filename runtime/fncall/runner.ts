@@ -5,11 +5,11 @@
 import { type ChildProcess, spawn } from 'node:child_process';
 import { closeSync, openSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
-import { fileURLToPath } from 'node:url';
 import { ProtocolError } from '../../protocol/index.ts';
+import { sourceFile } from '../source.ts';
 import { buildStaticBinary } from '../static-binary.ts';
 
-const SOURCE = fileURLToPath(new URL('./runner.c', import.meta.url));
+const SOURCE = sourceFile(import.meta.url, './runner.c');
 
 /** The runner, built once per host and source version (static-binary.ts). */
 export function buildRunner(dir: string): Promise<string> {

@@ -10,8 +10,8 @@
 import { type NodeLayerStats, ProtocolError, type SandboxSpec } from '../../protocol/index.ts';
 import type { NodeConfig } from '../config.ts';
 import { ensureBusyboxImage } from './busybox.ts';
-import { LayerManager } from './layers.ts';
 import type { LayerStore } from './layer-store.ts';
+import { LayerManager } from './layers.ts';
 import { openStore } from './remote.ts';
 import { StoreServer } from './server.ts';
 import { type ImageManifest, ImageStore, type LayerRef } from './store.ts';

@@ -23,16 +23,16 @@
  *   microvm/snapshots/<name>  state of a named snapshot (with meta: the template it came from)
  */
 import { type ChildProcess, spawn } from 'node:child_process';
-import { randomBytes, createHash } from 'node:crypto';
+import { createHash, randomBytes } from 'node:crypto';
 import { existsSync, mkdirSync, readFileSync } from 'node:fs';
 import { mkdir, readdir, readFile, rename, rm, stat, writeFile } from 'node:fs/promises';
-import { join } from 'node:path';
 import { constants as osConstants } from 'node:os';
+import { join } from 'node:path';
 import type { Logger } from 'pino';
 import { diskMiBOf, type FileEntry, Limits, ProtocolError, type SandboxSpec, type SandboxStats } from '../../protocol/index.ts';
 import { type Backend, EXEC_KILLED, type ExecOptions, type ExecOutcome, type HibernateOutcome, type SandboxFiles, type Snapshotting } from '../backend.ts';
-import type { ImageManifest, LayerRef } from '../images/store.ts';
 import type { LayerManager } from '../images/layers.ts';
+import type { ImageManifest, LayerRef } from '../images/store.ts';
 import { AgentChannel, T } from './channel.ts';
 import { type GuestBoot, guestBoot, hostTscKhz } from './kernel.ts';
 import { Qmp } from './qmp.ts';

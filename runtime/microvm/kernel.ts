@@ -12,11 +12,11 @@ import { spawn } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
 import { access, mkdir, readdir, readFile, rename, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { ProtocolError } from '../../protocol/index.ts';
+import { sourceFile } from '../source.ts';
 import { buildStaticBinary } from '../static-binary.ts';
 
-const AGENT_SOURCE = fileURLToPath(new URL('./agent.c', import.meta.url));
+const AGENT_SOURCE = sourceFile(import.meta.url, './agent.c');
 const MODULES = ['virtio_mmio', 'virtio_console', 'virtio_blk', 'erofs', 'overlay'];
 
 export interface GuestBoot {

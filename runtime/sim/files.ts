@@ -4,7 +4,7 @@
  * the sandbox's disk (`diskMiB`), as the container backend's writable layer does.
  */
 import { posix } from 'node:path';
-import { Limits, ProtocolError, type FileEntry } from '../../protocol/index.ts';
+import { type FileEntry, Limits, ProtocolError } from '../../protocol/index.ts';
 import type { SandboxFiles } from '../backend.ts';
 
 interface Entry {

@@ -1,7 +1,6 @@
 /** The simulated backend as the node's registry sees it (runtime/backends.ts). */
-import { ProtocolError } from '../../protocol/index.ts';
+import { ProtocolError, positiveEnv } from '../../protocol/index.ts';
 import type { BackendPlugin } from '../backend.ts';
-import { positiveEnv } from '../../protocol/index.ts';
 import { parseLatencies, SimBackend } from './backend.ts';
 
 export { SimBackend } from './backend.ts';

@@ -1,7 +1,7 @@
 // The Paddock dashboard: everything it shows comes from the gateway's own routes (/v1/…, /metrics),
 // so it works against any gateway and needs no build step. Streams are read with fetch, not
 // EventSource, because EventSource cannot send an Authorization header.
-'use strict';
+
 
 const $ = (sel) => document.querySelector(sel);
 const el = (tag, { dataset, ...props } = {}, ...kids) => {
