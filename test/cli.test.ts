@@ -111,6 +111,37 @@ test('exec streams stdout and stderr apart and exits with the command’s code',
   t.regex(slow.stderr, /ran past 300 ms and was killed/);
 });
 
+test('exec output a slow reader has not taken yet is all written before the CLI exits', async (t) => {
+  // Writes to a pipe are asynchronous: with the pipe full (64 KiB) and a few KiB more queued,
+  // under the stream's high-water mark, the CLI goes on to the exit event, and exiting dropped
+  // them. The reader (wc behind a real pipe) starts only once the command has ended. Three sizes
+  // past the pipe's 64 KiB: which one lands a chunk under the mark depends on how output is cut.
+  const sb = await t.context.pdk.sandboxes.create({ labels: { test: 'cli-slow-reader' } });
+  const env: NodeJS.ProcessEnv = { ...process.env, NATS_URL: t.context.cluster.url, PADDOCK_HOME: join(tmpdir(), 'paddock-cli-test-nohome') };
+  for (const bytes of [65_536 + 1000, 65_536 + 4096, 65_536 + 6000]) {
+    const line = `"${process.execPath}" "${CLI}" exec ${sb.id} -- sh -c 'head -c ${bytes} /dev/zero; touch /tmp/written-${bytes}' | { read -r _ <&3; wc -c; }`;
+    const child = spawn('sh', ['-c', line], { env, stdio: ['ignore', 'pipe', 'pipe', 'pipe'] });
+    let out = '';
+    let err = '';
+    child.stdout?.on('data', (d: Buffer) => {
+      out += d.toString();
+    });
+    child.stderr?.on('data', (d: Buffer) => {
+      err += d.toString();
+    });
+    const closed = new Promise<number | null>((resolve) => child.on('close', resolve));
+    for (let i = 0; i < 600; i++) {
+      if ((await sb.exec(['test', '-f', `/tmp/written-${bytes}`])).exitCode === 0) break;
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    // The exit event reaches the CLI just after the command's last write.
+    await new Promise((r) => setTimeout(r, 1000));
+    (child.stdio[3] as NodeJS.WritableStream).end('go\n');
+    t.is(await closed, 0, err);
+    t.is(out.trim(), String(bytes));
+  }
+});
+
 test('files put then get round-trips bytes, from a file and from stdin', async (t) => {
   const sb = await t.context.pdk.sandboxes.create({ labels: { test: 'cli-files' } });
   const url = t.context.cluster.url;

@@ -142,6 +142,9 @@ try {
   code = await report(err);
 }
 // Exit now rather than when the event loop empties: `up` and `logs -f` leave handlers and timers
-// behind, and a finished command has nothing left to wait for once its output is flushed.
-// (stdout and stderr are synchronous on Linux for files, pipes and terminals: nothing is lost.)
+// behind, and a finished command has nothing left to wait for once its output is flushed. Flushed
+// first: writes to a pipe are asynchronous here (a reader slower than `exec … -- yes` left up to
+// 12 KiB of the tail queued, and process.exit dropped it). A write's callback runs once what was
+// queued before it is written, or with the error of a reader that went away.
+await Promise.all([process.stdout, process.stderr].map((s) => (s.writableLength > 0 ? new Promise((r) => s.write('', r)) : undefined)));
 process.exit(code);
