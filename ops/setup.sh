@@ -59,11 +59,11 @@ if [ ! -d node_modules ] || [ package-lock.json -nt node_modules/.package-lock.j
   npm ci --no-audit --no-fund >&2
 fi
 
-# The compiled CLI and SDK (dist/): rebuilt when a source is newer than the last build.
+# The compiled SDK and nodes (dist/, tsc) and the CLI's bundle (dist/cli/): rebuilt when a source is newer than the last build.
 # dist/.built, not tsc's .tsbuildinfo: a `tsc -p tsconfig.build.json --noEmit` rewrites the latter
 # without emitting anything, and dist/ would then look current when it is not.
 if [ ! -f dist/.built ] || [ -n "$(find protocol actors bridge chronus runtime ops sdk package.json tsconfig.json tsconfig.build.json -newer dist/.built \( -name '*.ts' -o -name '*.json' \) -print -quit)" ]; then
   echo "paddock: building dist/" >&2
-  npx tsc -p tsconfig.build.json >&2
+  npm run -s build >&2
   touch dist/.built
 fi

@@ -18,20 +18,18 @@ import { OTLPTraceExporter } from '@opentelemetry/exporter-trace-otlp-http';
 import { detectResources, hostDetector, processDetector, resourceFromAttributes } from '@opentelemetry/resources';
 import { BatchSpanProcessor, type ReadableSpan, SimpleSpanProcessor, type SpanExporter, type SpanProcessor } from '@opentelemetry/sdk-trace-base';
 import { NodeTracerProvider } from '@opentelemetry/sdk-trace-node';
+import { ROOT } from '../runtime/source.ts';
 import { rotatingLog } from './logfile.ts';
 
 let provider: NodeTracerProvider | undefined;
 
-/** The package's version (service.version): package.json sits at the root, above ops/ and dist/ops/. */
+/** The package's version (service.version), from package.json at the root. */
 const VERSION = (() => {
-  for (const up of ['../package.json', '../../package.json']) {
-    try {
-      return (JSON.parse(readFileSync(new URL(up, import.meta.url), 'utf8')) as { version?: string }).version ?? 'unknown';
-    } catch {
-      // Not there: try one level up.
-    }
+  try {
+    return (JSON.parse(readFileSync(join(ROOT, 'package.json'), 'utf8')) as { version?: string }).version ?? 'unknown';
+  } catch {
+    return 'unknown';
   }
-  return 'unknown';
 })();
 let contextManager: AsyncLocalStorageContextManager | undefined;
 

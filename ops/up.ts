@@ -36,6 +36,8 @@ export interface UpRecord {
   natsPid?: number;
   node: string;
   nodePid?: number;
+  /** The HTTP gateway's host:port, when this `up` runs one (PADDOCK_HTTP=0 turns it off). */
+  http?: string;
   logs: string;
   startedAt: number;
 }
@@ -221,7 +223,7 @@ export async function up(o: { nats?: string; say: (s: string) => void; show: (s:
     starting = startNode(nodeOpts);
     node = await starting;
     const nodeRestarts: number[] = [];
-    const writeRecord = (nd: NodeProcess) => writeAtomic(pidFile, `${JSON.stringify(record({ nats: natsUrl, ...(nats?.proc.pid ? { natsPid: nats.proc.pid } : {}), ...(nd.proc.pid ? { nodePid: nd.proc.pid } : {}) }))}\n`);
+    const writeRecord = (nd: NodeProcess) => writeAtomic(pidFile, `${JSON.stringify(record({ nats: natsUrl, ...(nats?.proc.pid ? { natsPid: nats.proc.pid } : {}), ...(nd.proc.pid ? { nodePid: nd.proc.pid } : {}), ...(gateway ? { http: gateway.address } : {}) }))}\n`);
     // A node that dies (SIGKILL, OOM killer) is started again under the same id: its start removes
     // what its predecessor's sandboxes left and marks their records failed, so nothing runs on
     // unseen and `ps` lists no ghosts. NATS stays up meanwhile.
@@ -251,7 +253,7 @@ export async function up(o: { nats?: string; say: (s: string) => void; show: (s:
     // The bridge runs only when a provider is configured (bridge/config.ts).
     if (process.env.PADDOCK_BRIDGE_PROVIDER) bridge = await startBridge({ natsUrl });
     await writeRecord(nd);
-    o.show(banner({ root: ROOT, natsUrl, embedded: nats !== undefined, home, nodeId, logs, urlFile, placement: process.env.PADDOCK_PLACEMENT !== '0' }));
+    o.show(banner({ root: ROOT, natsUrl, embedded: nats !== undefined, home, nodeId, logs, urlFile, placement: process.env.PADDOCK_PLACEMENT !== '0', ...(gateway ? { http: gateway.address } : {}) }));
     return await finished;
   } catch (err) {
     // A shutdown already under way owns the teardown and the exit.
@@ -273,13 +275,13 @@ function progressLine(line: string, say: (s: string) => void): void {
   }
 }
 
-function banner(b: { root: string; natsUrl: string; embedded: boolean; home: string; nodeId: string; logs: string; urlFile: string; placement: boolean }): string {
+function banner(b: { root: string; natsUrl: string; embedded: boolean; home: string; nodeId: string; logs: string; urlFile: string; placement: boolean; http?: string }): string {
   const homeEnv = b.home === DEFAULT_HOME ? '' : `PADDOCK_HOME=${b.home} `;
   return `Paddock is up.
   NATS:  ${b.natsUrl}${b.embedded ? ` (embedded nats-server; URL written to ${b.urlFile})` : ' (joined)'}
   node:  ${b.nodeId}${b.placement ? ' (with a placement replica)' : ''}, home ${b.home}
   logs:  ${b.logs}/ (paddock logs [-f])
-
+${b.http ? `  HTTP:  http://${b.http}/ (the dashboard; the API under /v1, described at /v1/openapi.json)\n` : ''}
 From another shell (the CLI and the SDK find it through ${b.embedded ? `${b.urlFile}, or` : ''} NATS_URL):
   export NATS_URL=${b.natsUrl}
   paddock status

@@ -1,33 +1,40 @@
 /**
- * Where the files that ship beside the code are, whether a module runs from its TypeScript source
- * (through tsx) or compiled under dist/ (tsc keeps the folders, so dist/runtime/spawner.js is
- * runtime/spawner.ts). The C and Python helpers, the dashboard page and package.json are not
- * compiled: a compiled module finds them in the source tree, not beside itself.
+ * Where the files that ship beside the code are, whether Paddock runs from its TypeScript sources
+ * (through tsx), compiled under dist/ (tsc keeps the folders: dist/runtime/spawner.js is
+ * runtime/spawner.ts), or as the CLI's bundle (dist/cli/, where every module's import.meta.url is
+ * a chunk's). The C and Python helpers, the dashboard page and package.json are not compiled: they
+ * are named by their path in the source tree, from the root, never from a module's own URL.
  */
-import { readdirSync, statSync } from 'node:fs';
-import { dirname, join, relative, resolve, sep } from 'node:path';
+import { existsSync, readdirSync, readFileSync, statSync } from 'node:fs';
+import { dirname, join, sep } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 const COMPILED = import.meta.url.endsWith('.js');
-/** The repository (or installed package) root: above runtime/, or above dist/runtime/. */
-export const ROOT = fileURLToPath(new URL(COMPILED ? '../../' : '../', import.meta.url)).replace(/\/$/, '');
+
+/** The repository (or installed package) root: the nearest folder above this module whose package.json is Paddock's. */
+export const ROOT = (() => {
+  const here = dirname(fileURLToPath(import.meta.url));
+  for (let dir = here; ; dir = dirname(dir)) {
+    const pkg = join(dir, 'package.json');
+    if (existsSync(pkg) && (JSON.parse(readFileSync(pkg, 'utf8')) as { name?: string }).name === 'paddock') return dir;
+    if (dirname(dir) === dir) throw new Error(`Paddock's package.json is not above ${here}`);
+  }
+})();
 const DIST = join(ROOT, 'dist');
 
-/** Whether the module at `metaUrl` runs compiled (from dist/). */
+/** Whether the module at `metaUrl` runs compiled (from dist/, tsc's tree or the CLI's bundle). */
 export function isCompiled(metaUrl: string): boolean {
   return metaUrl.endsWith('.js') && fileURLToPath(metaUrl).startsWith(DIST + sep);
 }
 
-/** A file that ships beside the source of the module at `metaUrl` (`./spawner.c`), from either tree. */
-export function sourceFile(metaUrl: string, rel: string): string {
-  const here = dirname(fileURLToPath(metaUrl));
-  const dir = isCompiled(metaUrl) ? join(ROOT, relative(DIST, here)) : here;
-  return resolve(dir, rel);
+/** A file shipped in the source tree, by its path from the root (`runtime/spawner.c`). */
+export function sourceFile(rel: string): string {
+  return join(ROOT, rel);
 }
 
-/** A module beside the one at `metaUrl`, in the same tree (`./lazyfs-main` → .ts or .js), to fork or run. */
-export function siblingModule(metaUrl: string, base: string): string {
-  return fileURLToPath(new URL(`${base}${isCompiled(metaUrl) ? '.js' : '.ts'}`, metaUrl));
+/** A module to fork or run, by its path from the root without extension (`runtime/images/lazyfs-main`): compiled when this process runs compiled. */
+export function moduleFile(rel: string): string {
+  return COMPILED ? join(DIST, `${rel}.js`) : join(ROOT, `${rel}.ts`);
 }
 
 /** The folders and files `npm run build` compiles (tsconfig.build.json), as ops/setup.sh checks them. */

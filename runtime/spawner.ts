@@ -15,7 +15,7 @@ import { buildStaticBinary } from './static-binary.ts';
 const MAX_FRAME_BYTES = 1 << 20;
 const MAX_FIELDS = 8000;
 
-export const SPAWNER_SOURCE = sourceFile(import.meta.url, './spawner.c');
+export const SPAWNER_SOURCE = sourceFile('runtime/spawner.c');
 
 /** The sandbox's own mount namespace, with its writable layer and overlay root (hardening.ts ownMounts). */
 export interface MountPlan {

@@ -48,6 +48,13 @@ console.log(JSON.stringify({ exitCode: r.exitCode, stdout: r.stdout, verdict: r.
   const out = await run(process.execPath, ['main.mjs'], { cwd: project, env });
   t.deepEqual(JSON.parse(out.stdout), { exitCode: 3, stdout: 'hi\n', verdict: 'OK', missing: 'NOT_FOUND', subject: 'pdk.v1.place.create' });
 
+  // The package's CLI runs its bundle, which finds the package's root (and its shipped files) from
+  // inside node_modules/paddock/dist/cli/ rather than from a clone.
+  t.true((await readdir(join(project, 'node_modules', 'paddock', 'dist', 'cli'))).includes('main.js'), "the CLI's bundle is in the package");
+  const ps = await run(join(project, 'node_modules', '.bin', 'paddock'), ['ps', '--all', '--json'], { cwd: project, env });
+  const listed = JSON.parse(ps.stdout) as Array<{ labels: Record<string, string> }>;
+  t.true(Array.isArray(listed) && listed.some((s) => s.labels.test === 'package'), 'the installed paddock bin lists the sandbox the SDK made');
+
   // The types: a TypeScript consumer type-checks against the package's .d.ts files.
   await writeFile(
     join(project, 'main.ts'),

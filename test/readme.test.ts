@@ -33,7 +33,7 @@ interface Started {
   env: NodeJS.ProcessEnv;
   out: () => string;
   exited: Promise<number | null>;
-  up: { pid: number; natsPid?: number; nodePid?: number };
+  up: { pid: number; natsPid?: number; nodePid?: number; http?: string };
 }
 
 let n = 0;
@@ -104,6 +104,7 @@ test.serial('the README tour runs as written, and its `paddock down` leaves noth
   const id = /^sb-[a-z2-7]{16}$/m.exec(out)?.[0] ?? /(sb-[a-z2-7]{16})/.exec(out)?.[1];
   t.truthy(id, out);
   t.regex(out, /^NATS: +\S+ \(nats-server/m, 'paddock status');
+  t.regex(out, new RegExp(`^gateway: +http://${s.up.http}/ \\(in paddock up, pid ${s.up.pid}\\)$`, 'm'), 'paddock status names the gateway npm start runs');
   t.regex(out, /^hi\nexit=3$/m, 'exec streams and exits with the command’s code');
   t.regex(out, /^print\(6 \* 7\)$/m, 'files put, then read back');
   t.regex(out, new RegExp(`^${id}\\s+\\S+\\s+running\\s+busybox\\s.*task=demo$`, 'm'), 'ps --label');
@@ -118,6 +119,9 @@ test.serial('the README tour runs as written, and its `paddock down` leaves noth
 test.serial('SIGTERM to npm start from another shell stops it cleanly', async (t) => {
   t.timeout(600_000);
   const s = await start(t, 'exec npm start');
+  t.regex(s.out(), new RegExp(`^  HTTP: +http://${s.up.http}/ `, 'm'), 'the banner names the gateway');
+  const api = await fetch(`http://${s.up.http}/v1/openapi.json`);
+  t.is(api.status, 200, 'the gateway the banner names answers');
   // bash execs npm: the child is npm itself, as `kill <npm pid>` from another shell would hit.
   process.kill(s.child.pid as number, 'SIGTERM');
   await nothingLeft(t, s);

@@ -82,7 +82,7 @@ export async function status(a: Args): Promise<number> {
     const infos = await Promise.all(f.nodes.map((r) => f.pdk?.nodes.info(r.node, { timeoutMs: 3000 }).catch(() => undefined)));
     const ups = homesOf(f).map((home) => ({ home, up: readUpRecord(home) }));
     if (a.values.json) {
-      json({ nats: f.pdk ? { url: Paddock.connectionOf(f.pdk).getServer(), server: Paddock.connectionOf(f.pdk).info?.version, jetstream: Paddock.connectionOf(f.pdk).info?.jetstream === true } : { error: f.error }, nodes: f.nodes.map((r, i) => ({ ...r, fnPools: (infos[i] as { fnPools?: unknown } | undefined)?.fnPools, fnImages: (infos[i] as { fnImages?: unknown } | undefined)?.fnImages })), up: ups, gateway: null });
+      json({ nats: f.pdk ? { url: Paddock.connectionOf(f.pdk).getServer(), server: Paddock.connectionOf(f.pdk).info?.version, jetstream: Paddock.connectionOf(f.pdk).info?.jetstream === true } : { error: f.error }, nodes: f.nodes.map((r, i) => ({ ...r, fnPools: (infos[i] as { fnPools?: unknown } | undefined)?.fnPools, fnImages: (infos[i] as { fnImages?: unknown } | undefined)?.fnImages })), up: ups, gateway: ups.flatMap((u) => (u.up?.http ? [{ url: `http://${u.up.http}/`, pid: u.up.pid, home: u.home }] : [])) });
       return f.pdk ? 0 : 1;
     }
     if (!f.pdk) {
@@ -94,7 +94,8 @@ export async function status(a: Args): Promise<number> {
     out(`NATS:       ${nc.getServer()} (nats-server ${nc.info?.version ?? '?'}${nc.info?.jetstream ? ', JetStream' : ''})`);
     const placement = f.nodes.filter((r) => r.placement !== false).map((r) => r.node);
     out(`placement:  ${placement.length} replica(s)${placement.length ? ` (in ${placement.join(', ')})` : ''}`);
-    out('gateway:    none');
+    const gateways = ups.flatMap((u) => (u.up?.http ? [`http://${u.up.http}/ (in paddock up, pid ${u.up.pid})`] : []));
+    out(`gateway:    ${gateways.length > 0 ? gateways.join(', ') : 'none started by paddock up on this host'}`);
     for (const u of ups) if (u.up) out(`up:         pid ${u.up.pid} since ${age(Date.now() - u.up.startedAt)} ago for ${u.home}; 'paddock down' stops it`);
     out(`logs:       ${homesOf(f).map((h) => `${logsDir(h)}/`).join(', ')} ('paddock logs [node] [-f]')`);
     out('');

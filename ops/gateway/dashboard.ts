@@ -10,7 +10,7 @@ import type { FastifyInstance } from 'fastify';
 import { sourceFile } from '../../runtime/source.ts';
 
 // The page is not compiled: beside the sources, from dist/ too.
-const pageDir = sourceFile(import.meta.url, './dashboard');
+const pageDir = sourceFile('ops/gateway/dashboard');
 const require = createRequire(import.meta.url);
 /** A package's folder: from its main file up to its package.json (chart.js exports no package.json). */
 function pkgDir(name: string): string {

@@ -532,7 +532,7 @@ export class ContainerBackend implements Backend {
   }
 }
 
-const INIT_SOURCE = sourceFile(import.meta.url, './init.c');
+const INIT_SOURCE = sourceFile('runtime/container/init.c');
 
 /**
  * Image inits that only keep a container alive: the sandbox init does that by itself, so they are

@@ -29,7 +29,7 @@ import { type IdRange, SANDBOX_IDS } from './oci.ts';
 /** CPUs lxcfs may use, all sandboxes' /proc reads together (boundLxcfs). */
 const LXCFS_CPU = Number(process.env.PADDOCK_LXCFS_CPU) || 0.5;
 
-const IDMAP_HELPER = sourceFile(import.meta.url, './idmap.py');
+const IDMAP_HELPER = sourceFile('runtime/container/idmap.py');
 
 export class Hardening {
   readonly ids: IdRange = SANDBOX_IDS;

@@ -9,7 +9,7 @@ import { ProtocolError } from '../../protocol/index.ts';
 import { sourceFile } from '../source.ts';
 import { buildStaticBinary } from '../static-binary.ts';
 
-const SOURCE = sourceFile(import.meta.url, './runner.c');
+const SOURCE = sourceFile('runtime/fncall/runner.c');
 
 /** The runner, built once per host and source version (static-binary.ts). */
 export function buildRunner(dir: string): Promise<string> {

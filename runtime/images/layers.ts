@@ -14,7 +14,7 @@ import { join } from 'node:path';
 import { type LayerCacheStats, type LayerLoadMode, type NodeLayerStats, ProtocolError } from '../../protocol/index.ts';
 import { mounts } from '../cgroups.ts';
 import { run } from '../proc.ts';
-import { siblingModule } from '../source.ts';
+import { moduleFile } from '../source.ts';
 import { MS_RDONLY, sysMount } from './fuse.ts';
 import type { LayerDaemonConfig, LayerDaemonMessage, LayerDaemonRequest } from './lazyfs-main.ts';
 import { hexOf, type LayerRef } from './store.ts';
@@ -72,7 +72,7 @@ export class LayerManager {
       attempts: this.o.attempts ?? 2,
       readaheadBytes: this.o.readaheadBytes,
     };
-    const child = fork(siblingModule(import.meta.url, './lazyfs-main'), [JSON.stringify(cfg)], {
+    const child = fork(moduleFile('runtime/images/lazyfs-main'), [JSON.stringify(cfg)], {
       // FUSE reads block libuv threads: room for them plus the cache's own file I/O.
       env: { ...process.env, UV_THREADPOOL_SIZE: '16' },
       stdio: ['ignore', 'inherit', 'inherit', 'ipc'],

@@ -16,7 +16,7 @@ import { ProtocolError } from '../../protocol/index.ts';
 import { sourceFile } from '../source.ts';
 import { buildStaticBinary } from '../static-binary.ts';
 
-const AGENT_SOURCE = sourceFile(import.meta.url, './agent.c');
+const AGENT_SOURCE = sourceFile('runtime/microvm/agent.c');
 const MODULES = ['virtio_mmio', 'virtio_console', 'virtio_blk', 'erofs', 'overlay'];
 
 export interface GuestBoot {
