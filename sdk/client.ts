@@ -118,10 +118,15 @@ export class Sandboxes {
 
   /** Every record of the directory bucket, read straight from JetStream (no placement replica answers). */
   private async directoryRecords(opts: CallOptions): Promise<SandboxInfo[]> {
+    const none = (err: unknown) => new UnavailableError('UNAVAILABLE', `nothing answers ${subjects.sandboxesList}, and there is no sandbox directory (bucket ${Buckets.sandboxes}): is a Paddock node running?`, { cause: err });
     const kv = await new Kvm(this.t.nc).open(Buckets.sandboxes).catch((err: unknown) => {
-      throw new UnavailableError('UNAVAILABLE', `nothing answers ${subjects.sandboxesList}, and there is no sandbox directory (bucket ${Buckets.sandboxes}): is a Paddock node running?`, { cause: err });
+      throw none(err);
     });
-    return (await this.t.within(scanKv<SandboxInfo>(kv, { signal: opts.signal }), opts, 'the listing')).map((e) => e.value);
+    // open() does not look the bucket up; the scan is the first to find that its stream is missing.
+    const entries = await this.t.within(scanKv<SandboxInfo>(kv, { signal: opts.signal }), opts, 'the listing').catch((err: unknown) => {
+      throw /stream not found/i.test((err as Error).message ?? '') ? none(err) : err;
+    });
+    return entries.map((e) => e.value);
   }
 
   /** @internal a handle on a sandbox whose record a server sent. */

@@ -10,6 +10,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { SandboxInfo } from '../sdk/index.ts';
+import { startNats } from '../ops/nats.ts';
 import { clusterTest } from './helpers/cluster.ts';
 
 const test = clusterTest();
@@ -262,4 +263,16 @@ test('down does not stop nodes that no `paddock up` of this host started', async
   // The node still serves.
   const node = t.context.cluster.nodes[0]!;
   t.is((await t.context.pdk.nodes.info(node.id, { timeoutMs: 30_000 })).node, node.id);
+});
+
+test('ps against a NATS that no Paddock serves says so: UNAVAILABLE, exit 1', async (t) => {
+  const dir = await mkdtemp(join(tmpdir(), 'paddock-cli-bare-'));
+  const nats = await startNats({ dataDir: join(dir, 'nats') });
+  t.teardown(async () => {
+    await nats.stop();
+    await rm(dir, { recursive: true, force: true });
+  });
+  const r = await paddock(nats.url, ['ps']);
+  t.is(r.code, 1);
+  t.regex(r.stderr, /^paddock: UNAVAILABLE: nothing answers \S+, and there is no sandbox directory .*is a Paddock node running\?$/m);
 });
