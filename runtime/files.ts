@@ -19,6 +19,7 @@ import { type FileHandle, lstat, mkdir, open, readdir, readlink, rmdir, stat, un
 import { join } from 'node:path';
 import type { FileEntry, FileType } from '../protocol/index.ts';
 import { Limits, ProtocolError } from '../protocol/index.ts';
+import { emptyTree as emptyTreeInWorker } from './tree-remove.ts';
 
 const { O_RDONLY, O_WRONLY, O_CREAT, O_TRUNC, O_NOFOLLOW, O_NONBLOCK, O_DIRECTORY } = constants;
 const MAX_LINKS = 40;
@@ -327,84 +328,10 @@ async function removeAt(dir: FileHandle, name: string, recursive: boolean, dev?:
   await rmdir(p);
 }
 
-/** A directory on the way down: its inode (to know it again from below) and the subdirectories of it still to remove. */
-interface Level {
-  name: Buffer;
-  ino: number;
-  subdirs: Buffer[];
-}
-
-/**
- * Empties the directory at `top` with one directory fd open at a time, whatever the depth: a
- * recursion holding an fd per level took the node to 19,749 of its 20,000 fds on a tree 30,000
- * deep (EMFILE, and the tree stayed). Going back up is through `..` of the fd in hand, checked
- * to be the directory it came down from (the agent may move directories while we walk): if it is
- * not, the walk stops with FORBIDDEN rather than delete elsewhere.
- */
+/** Empties the directory at `top` in a worker thread (runtime/tree-remove.ts: one fd at a time, whatever the depth). */
 async function emptyTree(top: string, topIno: number, shown: string, dev?: number): Promise<void> {
-  let cur = await open(top, O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
-  const levels: Level[] = [];
-  try {
-    if ((await cur.stat()).ino !== topIno) throw changed(shown);
-    levels.push({ name: Buffer.from(shown), ino: topIno, subdirs: await clearFiles(cur.fd, dev, shown) });
-    for (;;) {
-      const level = levels[levels.length - 1] as Level;
-      const sub = level.subdirs.pop();
-      if (sub !== undefined) {
-        const next = await open(viaFdBytes(cur.fd, sub), O_RDONLY | O_DIRECTORY | O_NOFOLLOW).catch((e: unknown) => {
-          // Gone or swapped for a file or link since it was listed: the next listing sees what it is now.
-          if (['ENOENT', 'ENOTDIR', 'ELOOP'].includes(errnoOf(e) ?? '')) return null;
-          throw e;
-        });
-        if (next === null) continue;
-        const st = await next.stat();
-        if (dev !== undefined && st.dev !== dev) {
-          await next.close();
-          throw otherFilesystem(sub.toString());
-        }
-        await cur.close();
-        cur = next;
-        levels.push({ name: sub, ino: st.ino, subdirs: await clearFiles(cur.fd, dev, shown) });
-        continue;
-      }
-      // This level is empty of what was listed: anything made since sends it round once more.
-      const again = await clearFiles(cur.fd, dev, shown);
-      if (again.length > 0) {
-        level.subdirs = again;
-        continue;
-      }
-      if (levels.length === 1) return;
-      const up = await open(`/proc/self/fd/${cur.fd}/..`, O_RDONLY | O_DIRECTORY);
-      const parent = levels[levels.length - 2] as Level;
-      const ust = await up.stat();
-      if (ust.ino !== parent.ino || (dev !== undefined && ust.dev !== dev)) {
-        await up.close();
-        throw changed(shown);
-      }
-      await cur.close();
-      cur = up;
-      levels.pop();
-      await rmdir(viaFdBytes(cur.fd, level.name)).catch(ignore('ENOENT', 'ENOTEMPTY'));
-    }
-  } finally {
-    await cur.close();
-  }
-}
-
-/** Unlinks every non-directory in the directory `fd`; returns the names of its subdirectories. */
-async function clearFiles(fd: number, dev: number | undefined, shown: string): Promise<Buffer[]> {
-  const subdirs: Buffer[] = [];
-  for (const name of await readdir(`/proc/self/fd/${fd}`, { encoding: 'buffer' })) {
-    const p = viaFdBytes(fd, name);
-    const st = await lstat(p).catch((e: unknown) => {
-      if (errnoOf(e) === 'ENOENT') return null;
-      throw e;
-    });
-    if (st === null) continue;
-    if (st.isDirectory()) {
-      if (dev !== undefined && st.dev !== dev) throw otherFilesystem(`${shown}/…/${name.toString()}`);
-      subdirs.push(name);
-    } else await unlink(p).catch(ignore('ENOENT'));
-  }
-  return subdirs;
+  const r = await emptyTreeInWorker({ top, topIno, shown, ...(dev !== undefined ? { dev } : {}) });
+  if (r.ok) return;
+  if ('refusal' in r) throw r.refusal.kind === 'changed' ? changed(r.refusal.name) : otherFilesystem(r.refusal.name);
+  throw Object.assign(new Error(r.message), r.errno ? { code: r.errno } : {});
 }
