@@ -18,6 +18,7 @@ import { natsFailure } from '../protocol/index.ts';
 import { type NodeProcess, startNode } from '../ops/local.ts';
 import { type ExecStreamEvent, Paddock } from '../sdk/index.ts';
 import { type ClusterContext, SHARED_IMAGES, startTestCluster, stopTestCluster } from './helpers/cluster.ts';
+import { eventually } from './helpers/wait.ts';
 
 const test = anyTest as TestFn<ClusterContext>;
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
@@ -33,14 +34,6 @@ test.after.always(async (t) => {
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 /** Polls `probe` until it returns something truthy (or `ms` pass: then the last value). */
-async function eventually<T>(probe: () => Promise<T>, ms = 30_000): Promise<T> {
-  const until = Date.now() + ms;
-  for (;;) {
-    const v = await probe().catch(() => undefined as T);
-    if (v || Date.now() > until) return v;
-    await sleep(200);
-  }
-}
 
 /** A loopback port nothing listens on. */
 async function deadPort(): Promise<number> {

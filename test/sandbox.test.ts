@@ -1,6 +1,7 @@
 import { readFile } from 'node:fs/promises';
 import { ForbiddenError, InvalidRequestError, NotFoundError } from '../sdk/index.ts';
 import { clusterTest, nodeRunPath } from './helpers/cluster.ts';
+import { eventually } from './helpers/wait.ts';
 
 const byString = (a: string, b: string) => a.localeCompare(b);
 const test = clusterTest();
@@ -202,10 +203,13 @@ test('a sandbox past its ttl is killed and says so', async (t) => {
   const { pdk } = t.context;
   const sb = await pdk.sandboxes.create({ ttlSec: 1 });
   t.true(sb.info.expiresAt - sb.info.createdAt === 1000);
-  await new Promise((r) => setTimeout(r, 1800));
-  const info = (await pdk.sandboxes.get(sb.id)).info;
-  t.is(info.state, 'stopped');
-  t.is(info.reason, 'ttl');
+  // Killed by its node once the ttl is up: how soon depends on the machine, so wait for the state.
+  const info = await eventually(async () => {
+    const i = (await pdk.sandboxes.get(sb.id)).info;
+    return i.state === 'running' || i.state === 'stopping' ? undefined : i;
+  }, 60_000);
+  t.is(info?.state, 'stopped');
+  t.is(info?.reason, 'ttl');
   const err = await t.throwsAsync(sb.exec(['true']), { instanceOf: NotFoundError });
   t.regex(err?.message ?? '', /ttl/);
 });

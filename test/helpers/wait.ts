@@ -1,0 +1,16 @@
+/**
+ * Waiting for a state instead of for a time: a test that sleeps a fixed while and then expects the
+ * node to have acted fails on a machine four times slower (a 1 s ttl checked after 1.8 s did, in
+ * a fresh CI run). The bound here is only how long to wait before giving up.
+ */
+import { setTimeout as sleep } from 'node:timers/promises';
+
+/** `probe`'s first truthy value (a probe that throws counts as not yet), or its last value once `ms` have passed. */
+export async function eventually<T>(probe: () => Promise<T>, ms = 30_000): Promise<T> {
+  const until = Date.now() + ms;
+  for (;;) {
+    const v = await probe().catch(() => undefined as T);
+    if (v || Date.now() > until) return v;
+    await sleep(200);
+  }
+}
