@@ -156,11 +156,32 @@ function workerEntry(): [string | URL, { eval?: boolean }] {
   return [code, { eval: true }];
 }
 
-/** Empties the tree in a worker thread of its own; resolves with what the walk found. */
-export function emptyTree(job: TreeJob): Promise<TreeOutcome> {
+/**
+ * Walks at once, node-wide; the rest queue. A worker is ~10 MiB: a thousand concurrent recursive
+ * removes from one agent must not be a thousand threads. Two keep both cores busy.
+ */
+const MAX_WORKERS = 2;
+let running = 0;
+const waiting: Array<() => void> = [];
+
+/** Empties the tree in a worker thread (at most MAX_WORKERS at a time); resolves with what the walk found. */
+export async function emptyTree(job: TreeJob): Promise<TreeOutcome> {
+  // A slot is handed from a finished walk straight to the next waiter, never freed in between.
+  if (running >= MAX_WORKERS) await new Promise<void>((r) => waiting.push(r));
+  else running++;
+  try {
+    return await walkInWorker(job);
+  } finally {
+    const next = waiting.shift();
+    if (next) next();
+    else running--;
+  }
+}
+
+function walkInWorker(job: TreeJob): Promise<TreeOutcome> {
   return new Promise((resolve, reject) => {
     const [entry, how] = workerEntry();
-    const w = new Worker(entry, { ...how, workerData: job, resourceLimits: { maxOldGenerationSizeMb: 64 } });
+    const w = new Worker(entry, { ...how, workerData: job, resourceLimits: { maxOldGenerationSizeMb: 256 } });
     let done = false;
     w.once('message', (m: TreeOutcome) => {
       done = true;
