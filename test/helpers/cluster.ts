@@ -3,7 +3,7 @@
  * Every file gets its own home directory and node ids, so files run in parallel without sharing
  * crun state, cgroups or mounts. The busybox layer is built once and shared.
  */
-import { mkdtemp, rm } from 'node:fs/promises';
+import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { TestFn } from 'ava';
@@ -60,6 +60,15 @@ export function clusterTest(opts: { nodes?: number; env?: Record<string, string>
   const test = anyTest as TestFn<ClusterContext>;
   test.before(async (t) => {
     Object.assign(t.context, await startTestCluster(opts));
+  });
+  // A failed test shows its nodes' last warnings and last lines: CI keeps the output, not the homes.
+  test.afterEach.always(async (t) => {
+    if (t.passed || !t.context.cluster) return;
+    for (const n of t.context.cluster.nodes) {
+      const all = (await readFile(n.logFile ?? '', 'utf8').catch(() => '')).split('\n').filter(Boolean);
+      const shown = new Set([...all.filter((l) => /"level":(40|50|60)/.test(l)).slice(-20), ...all.slice(-15)]);
+      for (const l of all) if (shown.has(l)) t.log(`${n.id}: ${l.slice(0, 400)}`);
+    }
   });
   test.after.always(async (t) => {
     await stopTestCluster(t.context.cluster ? t.context : undefined);
