@@ -311,10 +311,6 @@ const changed = (path: string) => new ProtocolError('FORBIDDEN', `${path}: path 
 /** `/proc/self/fd/<fd>/<name>` for a name given as bytes (names need not be UTF-8). */
 const viaFdBytes = (fd: number, name: Buffer) => Buffer.concat([Buffer.from(`/proc/self/fd/${fd}/`), name]);
 
-const ignore = (...codes: string[]) => (e: unknown) => {
-  if (!codes.includes(errnoOf(e) ?? '')) throw e;
-};
-
 /** `dev`: the only device whose directories may be entered (one-filesystem roots). */
 async function removeAt(dir: FileHandle, name: string, recursive: boolean, dev?: number): Promise<void> {
   const p = viaFd(dir.fd, name);
