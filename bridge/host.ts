@@ -7,11 +7,11 @@
  * (`pdk.v1.bridge.state`) and each decision (`pdk.v1.bridge.decision`), and answers
  * `pdk.v1.bridge.status`.
  */
-import { type KV, Kvm } from '@nats-io/kv';
+import type { KV } from '@nats-io/kv';
 import type { NatsConnection, Subscription } from '@nats-io/transport-node';
 import type { Logger } from 'pino';
 import { type Actor, createActor } from 'xstate';
-import { Buckets, decode, encode, type NodeRecord, subjects } from '../protocol/index.ts';
+import { Buckets, decode, encode, ensureBucket, type FewerReplicas, fewerReplicasWarning, type NodeRecord, replicasFor, subjects } from '../protocol/index.ts';
 import { traceHeaders } from '../protocol/trace.ts';
 import { type BridgeContext, bridgeMachine, canProvision, type Decision, type Demand, type NodeView, type Policy } from './machine.ts';
 import type { Provider } from './provider.ts';
@@ -80,9 +80,10 @@ export class BridgeHost {
   }
 
   async start(): Promise<void> {
-    const kvm = new Kvm(this.o.nc);
-    this.kv = await kvm.create(Buckets.bridge, { history: 1 });
-    const nodes = await kvm.create(Buckets.nodes, { history: 1 });
+    const replicas = replicasFor(this.o.nc.info);
+    const fewer = (f: FewerReplicas) => this.o.log.warn({ ...f }, fewerReplicasWarning(f));
+    this.kv = await ensureBucket(this.o.nc, Buckets.bridge, { history: 1, replicas }, fewer);
+    const nodes = await ensureBucket(this.o.nc, Buckets.nodes, { history: 1, replicas }, fewer);
     const watch = await nodes.watch({ key: '>' });
     this.stopWatch = () => watch.stop();
     void (async () => {

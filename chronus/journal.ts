@@ -17,7 +17,7 @@ import { JetStreamApiCodes, JetStreamApiError, type JetStreamClient, type JetStr
 import type { KV } from '@nats-io/kv';
 import type { NatsConnection } from '@nats-io/transport-node';
 import type { Logger } from 'pino';
-import { type ExecResult, type FilesWriteReply, Limits, ProtocolError, subjects, toWireError } from '../protocol/index.ts';
+import { type ExecResult, type FilesWriteReply, fewerReplicasWarning, Limits, ProtocolError, subjects, toWireError } from '../protocol/index.ts';
 import type { ChronusConfig } from './config.ts';
 import { ensureChronus, lastRecord, purgeRollout, recordedSteps, type StoredRecord } from './log.ts';
 import {
@@ -113,7 +113,7 @@ export class Journal implements StepJournal {
   }
 
   static async open(nc: NatsConnection, o: JournalOptions): Promise<Journal> {
-    const { jsm, rollouts } = await ensureChronus(nc, o.config);
+    const { jsm, rollouts } = await ensureChronus(nc, o.config, (f) => o.log.warn({ ...f }, fewerReplicasWarning(f)));
     return new Journal(nc, jsm, rollouts, o);
   }
 

@@ -3,9 +3,9 @@
  * rollout's records back. Shared by the node (journal, retention), the SDK (rollouts) and export.
  */
 import { AckPolicy, DeliverPolicy, DiscardPolicy, type JetStreamManager, jetstream, jetstreamManager, StorageType } from '@nats-io/jetstream';
-import { type KV, Kvm } from '@nats-io/kv';
+import type { KV } from '@nats-io/kv';
 import type { NatsConnection } from '@nats-io/transport-node';
-import { Buckets, PREFIX, Streams, subjects } from '../protocol/index.ts';
+import { Buckets, ensureBucket, type FewerReplicas, PREFIX, replicasFor, Streams, subjects } from '../protocol/index.ts';
 import type { ChronusConfig } from './config.ts';
 import { decodeRecord, type StepRecord } from './record.ts';
 
@@ -16,15 +16,16 @@ const ms = (x: number) => Math.round(x * 1e6);
  * Creates (or brings up to date) the log stream and the rollouts bucket. Idempotent: every node
  * calls it at start. `allow_direct` is what makes a step lookup one cheap request.
  */
-export async function ensureChronus(nc: NatsConnection, cfg: ChronusConfig): Promise<{ jsm: JetStreamManager; rollouts: KV }> {
+export async function ensureChronus(nc: NatsConnection, cfg: ChronusConfig, onFewer?: (f: FewerReplicas) => void): Promise<{ jsm: JetStreamManager; rollouts: KV }> {
   const jsm = await jetstreamManager(nc);
+  const replicas = cfg.replicas ?? replicasFor(nc.info);
   const want = {
     subjects: [subjects.chronusAll],
     storage: StorageType.File,
     max_age: ms(cfg.maxAgeSec * 1000),
     discard: DiscardPolicy.Old,
     allow_direct: true,
-    num_replicas: cfg.replicas,
+    num_replicas: replicas,
   };
   const have = await jsm.streams.info(STREAM).catch(() => null);
   if (!have) {
@@ -35,7 +36,8 @@ export async function ensureChronus(nc: NatsConnection, cfg: ChronusConfig): Pro
   } else if (have.config.max_age !== want.max_age || !have.config.allow_direct) {
     await jsm.streams.update(STREAM, { ...have.config, max_age: want.max_age, allow_direct: true });
   }
-  const rollouts = await new Kvm(nc).create(Buckets.rollouts, { history: 1, replicas: cfg.replicas });
+  if (have && have.config.num_replicas < replicas) onFewer?.({ stream: STREAM, replicas: have.config.num_replicas, wanted: replicas });
+  const rollouts = await ensureBucket(nc, Buckets.rollouts, { history: 1, replicas }, onFewer);
   return { jsm, rollouts };
 }
 

@@ -4,7 +4,10 @@
  */
 import { type ChildProcess, spawn } from 'node:child_process';
 import { mkdir, readdir, readFile, writeFile } from 'node:fs/promises';
+import { type AddressInfo, createServer, type Server } from 'node:net';
 import { join } from 'node:path';
+import { jetstreamManager } from '@nats-io/jetstream';
+import { connect } from '@nats-io/transport-node';
 import { rotatingLog } from './logfile.ts';
 
 export interface EmbeddedNats {
@@ -17,13 +20,27 @@ export interface EmbeddedNats {
 /** Exec results carry up to 1 MiB of stdout and of stderr in one reply: allow 8 MiB messages. */
 export const MAX_PAYLOAD = 8 * 1024 * 1024;
 
-/** `logFile`: nats-server's own log (rotated); without it only the last 4 KB are kept, for errors. */
-export async function startNats(opts: { dataDir: string; port?: number; logFile?: string }): Promise<EmbeddedNats> {
+export interface StartNatsOptions {
+  dataDir: string;
+  port?: number;
+  /** nats-server's own log (rotated); without it only the last 4 KB are kept, for errors. */
+  logFile?: string;
+  /** Membership of a cluster (startNatsCluster): this server's name, the cluster's, its route port and its peers' routes. */
+  cluster?: { serverName: string; name: string; port: number; routes: string[] };
+}
+
+export async function startNats(opts: StartNatsOptions): Promise<EmbeddedNats> {
   await mkdir(opts.dataDir, { recursive: true });
   const portsDir = join(opts.dataDir, 'ports');
   await mkdir(portsDir, { recursive: true });
   const conf = join(opts.dataDir, 'nats.conf');
-  await writeFile(conf, `max_payload: ${MAX_PAYLOAD}\nmax_pending: ${4 * MAX_PAYLOAD}\n`);
+  const c = opts.cluster;
+  // JetStream in a cluster needs a stable server name (its Raft identity, kept in the data
+  // directory) and routes to every peer; a peer not up yet is retried by nats-server itself.
+  const clusterConf = c
+    ? `server_name: ${JSON.stringify(c.serverName)}\ncluster {\n  name: ${JSON.stringify(c.name)}\n  listen: "127.0.0.1:${c.port}"\n  routes: [${c.routes.map((r) => JSON.stringify(r)).join(', ')}]\n}\n`
+    : '';
+  await writeFile(conf, `max_payload: ${MAX_PAYLOAD}\nmax_pending: ${4 * MAX_PAYLOAD}\n${clusterConf}`);
   // Dies with whoever started it, even by SIGKILL (a killed test worker or `paddock up`): an
   // embedded nats-server has no one else to serve.
   // detached: a terminal's Ctrl-C goes to its whole process group; nats-server must outlive it
@@ -84,5 +101,111 @@ export async function startNats(opts: { dataDir: string; port?: number; logFile?
     // Whatever went wrong while waiting, the server must not outlive the start that failed.
     if (proc.exitCode === null && proc.signalCode === null) proc.kill('SIGKILL');
     throw e;
+  }
+}
+
+export interface NatsCluster {
+  /** Every server's client URL, comma-joined: what NATS_URL takes. */
+  url: string;
+  urls: string[];
+  servers: EmbeddedNats[];
+  /** SIGKILL server `i` (a crash: no lame-duck, no flush). */
+  kill(i: number): Promise<void>;
+  /** Starts server `i` again on its ports and data directory; resolves once it serves clients. */
+  restart(i: number): Promise<EmbeddedNats>;
+  stop(): Promise<void>;
+}
+
+/** Free loopback TCP ports, chosen by the kernel: routes must name their peers' ports up front. */
+export async function freePorts(n: number): Promise<number[]> {
+  const servers = await Promise.all(
+    Array.from(
+      { length: n },
+      () =>
+        new Promise<Server>((resolve, reject) => {
+          const s = createServer();
+          s.once('error', reject);
+          s.listen(0, '127.0.0.1', () => resolve(s));
+        }),
+    ),
+  );
+  const ports = servers.map((s) => (s.address() as AddressInfo).port);
+  await Promise.all(servers.map((s) => new Promise((r) => s.close(r))));
+  return ports;
+}
+
+/**
+ * `n` nats-servers with JetStream, routed to each other on loopback: each its own data directory
+ * (`<dataDir>/s<i>`), client and route ports fixed at the start so that a server killed and
+ * restarted comes back where its clients and peers look for it. Resolves once JetStream's meta
+ * group has a leader (a bucket created before that fails with "JetStream cluster not available").
+ */
+export async function startNatsCluster(opts: { dataDir: string; servers: number; name?: string; logDir?: string; ports?: number[] }): Promise<NatsCluster> {
+  const n = opts.servers;
+  if (!Number.isInteger(n) || n < 1 || n > 9) throw new Error(`a cluster has 1 to 9 servers, not ${n}`);
+  const ports = opts.ports ?? (await freePorts(2 * n));
+  const name = opts.name ?? 'paddock';
+  const routePort = (i: number) => ports[n + i] as number;
+  const optsOf = (i: number): StartNatsOptions => ({
+    dataDir: join(opts.dataDir, `s${i}`),
+    port: ports[i] as number,
+    ...(opts.logDir ? { logFile: join(opts.logDir, `nats-s${i}.log`) } : {}),
+    cluster: {
+      serverName: `${name}-s${i}`,
+      name,
+      port: routePort(i),
+      routes: Array.from({ length: n }, (_, k) => k)
+        .filter((k) => k !== i)
+        .map((k) => `nats://127.0.0.1:${routePort(k)}`),
+    },
+  });
+  const servers: EmbeddedNats[] = [];
+  try {
+    for (let i = 0; i < n; i++) servers.push(await startNats(optsOf(i)));
+    await jetStreamReady(servers.map((s) => s.url));
+  } catch (e) {
+    await Promise.all(servers.map((s) => s.stop()));
+    throw e;
+  }
+  const urls = servers.map((s) => s.url);
+  return {
+    url: urls.join(','),
+    urls,
+    servers,
+    kill: async (i) => {
+      const s = servers[i];
+      if (!s || s.proc.exitCode !== null || s.proc.signalCode !== null) return;
+      const gone = new Promise((r) => s.proc.once('exit', r));
+      s.proc.kill('SIGKILL');
+      await gone;
+    },
+    restart: async (i) => {
+      await servers[i]?.stop();
+      const s = await startNats(optsOf(i));
+      servers[i] = s;
+      return s;
+    },
+    stop: async () => {
+      await Promise.all(servers.map((s) => s.stop()));
+    },
+  };
+}
+
+/** Waits until JetStream answers through `urls` (the cluster has elected its meta leader). */
+async function jetStreamReady(urls: string[], timeoutMs = 60_000): Promise<void> {
+  const nc = await connect({ servers: urls, maxReconnectAttempts: -1, reconnectTimeWait: 200 });
+  const deadline = Date.now() + timeoutMs;
+  try {
+    for (;;) {
+      try {
+        await (await jetstreamManager(nc, { timeout: 2000 })).getAccountInfo();
+        return;
+      } catch (err) {
+        if (Date.now() > deadline) throw new Error(`the NATS cluster's JetStream did not become ready in ${timeoutMs} ms: ${(err as Error).message}`);
+      }
+      await new Promise((r) => setTimeout(r, 200));
+    }
+  } finally {
+    await nc.close().catch(() => {});
   }
 }

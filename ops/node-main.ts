@@ -10,7 +10,6 @@
  */
 import { spawn } from 'node:child_process';
 import { join } from 'node:path';
-import { Kvm } from '@nats-io/kv';
 import { connect, type NatsConnection } from '@nats-io/transport-node';
 import type { Logger } from 'pino';
 import { FnHost } from '../actors/fncall-host.ts';
@@ -20,7 +19,7 @@ import { PlacementHost } from '../actors/placement-host.ts';
 import { loadChronusConfig } from '../chronus/config.ts';
 import { Journal } from '../chronus/journal.ts';
 import { logsDir, natsServers } from '../protocol/discovery.ts';
-import { Buckets } from '../protocol/index.ts';
+import { Buckets, ensureBucket, type FewerReplicas, fewerReplicasWarning, replicasFor } from '../protocol/index.ts';
 import { BackendSet } from '../runtime/backends.ts';
 import { loadConfig, type NodeConfig } from '../runtime/config.ts';
 import { ContainerBackend } from '../runtime/container/index.ts';
@@ -67,9 +66,10 @@ class NodeProcess {
     const nc = await connect({ servers: natsServers(cfg.natsUrl), name: `paddock-node-${cfg.nodeId}`, maxReconnectAttempts: -1, reconnectTimeWait: 500, noAsyncTraces: true });
     this.nc = nc;
     void this.watchConnection(nc);
-    const kvm = new Kvm(nc);
-    const directory = await kvm.create(Buckets.sandboxes, { history: 1 });
-    const nodes = await kvm.create(Buckets.nodes, { history: 1 });
+    const replicas = replicasFor(nc.info);
+    const fewer = (f: FewerReplicas) => log.warn({ ...f }, fewerReplicasWarning(f));
+    const directory = await ensureBucket(nc, Buckets.sandboxes, { history: 1, replicas }, fewer);
+    const nodes = await ensureBucket(nc, Buckets.nodes, { history: 1, replicas }, fewer);
     const maxPayload = nc.info?.max_payload ?? 1024 * 1024;
     this.journal = await Journal.open(nc, { nodeId: cfg.nodeId, log: log.child({ part: 'chronus' }), config: loadChronusConfig(), maxPayload });
     this.journal.startSweeper();

@@ -67,10 +67,10 @@ export type {
 } from './messages.ts';
 export { Buckets, FN_QUEUE, isSandboxVerb, RolloutVerbs, isToken, NodeVerbs, PLACEMENT_QUEUE, PREFIX, parseGroupSubject, parseSandboxSubject, SandboxVerbs, Streams, subjectTemplate, subjects } from './subjects.ts';
 export type { NodeVerb, RolloutVerb, SandboxVerb } from './subjects.ts';
-export { scanKv } from './kv.ts';
+export { ensureBucket, fewerReplicasWarning, replicasFor, scanKv } from './kv.ts';
 export { LISTED_BY_DEFAULT, selectSandboxes } from './directory.ts';
 export type { DirectoryQuery } from './directory.ts';
-export type { ScanOptions } from './kv.ts';
+export type { FewerReplicas, ScanOptions } from './kv.ts';
 export { positiveEnv } from './env.ts';
 export { check, diskMiBOf, isMap, Limits, optionalCount, requireRecord, SandboxRequests, validateCreate, validateExec, validateFnInvoke, validateNodeGroup, validatePath, validateSandboxRequest, validateSpec, validateStep } from './validate.ts';
 export type { FnInvoke } from './validate.ts';

@@ -1,6 +1,7 @@
 /** Reading a whole JetStream KV bucket: the one scan every directory reader uses. */
 import { DeliverPolicy, type JsMsg } from '@nats-io/jetstream';
-import { Bucket, type KV } from '@nats-io/kv';
+import { Bucket, type KV, Kvm } from '@nats-io/kv';
+import type { NatsConnection } from '@nats-io/transport-node';
 import { decode } from './codec.ts';
 import { ProtocolError } from './errors.ts';
 
@@ -59,4 +60,46 @@ export async function scanKv<T>(kv: KV, opts: ScanOptions = {}): Promise<Array<{
     out.push({ key, value: decode(m.data) as T });
   }
   return out;
+}
+
+/**
+ * How many replicas Paddock's buckets and streams get: `PADDOCK_REPLICAS` when set, else 3 when
+ * the server is one of a cluster of three or more (its INFO lists the cluster's client URLs),
+ * else 1. JetStream refuses more replicas than there are servers.
+ */
+export function replicasFor(info: { cluster?: string; connect_urls?: string[] } | undefined, env: NodeJS.ProcessEnv = process.env): number {
+  const set = env.PADDOCK_REPLICAS;
+  if (set !== undefined && set !== '') {
+    const n = Number(set);
+    if (!Number.isInteger(n) || n < 1 || n > 5) throw new Error(`PADDOCK_REPLICAS: must be an integer from 1 to 5, got ${JSON.stringify(set)}`);
+    return n;
+  }
+  return info?.cluster && (info.connect_urls?.length ?? 0) >= 3 ? 3 : 1;
+}
+
+/** A bucket kept with fewer replicas than asked for (it existed before): reported, since JetStream keeps the old setting. */
+export interface FewerReplicas {
+  /** The JetStream stream (a bucket's is `KV_<bucket>`). */
+  stream: string;
+  replicas: number;
+  wanted: number;
+}
+
+/** The warning for a bucket with fewer replicas than wanted: what it is, and how to fix it. */
+export function fewerReplicasWarning(f: FewerReplicas): string {
+  return `JetStream stream ${f.stream} has ${f.replicas} replica${f.replicas === 1 ? '' : 's'}, not ${f.wanted}: it was made before this cluster was (or with fewer PADDOCK_REPLICAS), and its data goes with the one server that holds it. Raise it with \`nats stream edit ${f.stream} --replicas ${f.wanted}\`, or set PADDOCK_REPLICAS=${f.replicas} to accept it`;
+}
+
+/**
+ * Opens `name`, creating it with `replicas` when it does not exist. nats.js keeps an existing
+ * bucket's stream as it is: one made with a single replica on a lone server stays at one after
+ * the server joins a cluster, so a bucket with fewer replicas than wanted goes to `onFewer`.
+ */
+export async function ensureBucket(nc: NatsConnection, name: string, opts: { history: number; replicas: number }, onFewer?: (f: FewerReplicas) => void): Promise<KV> {
+  const kv = await new Kvm(nc).create(name, opts);
+  if (onFewer && opts.replicas > 1) {
+    const have = (await kv.status()).replicas;
+    if (have < opts.replicas) onFewer({ stream: `KV_${name}`, replicas: have, wanted: opts.replicas });
+  }
+  return kv;
 }

@@ -104,7 +104,8 @@ export function parsePool(v: string): Record<string, number> {
 }
 
 export const ENV_DOC: Record<string, string> = {
-  NATS_URL: 'NATS to join; unset = start an embedded nats-server (npm start / paddock up)',
+  NATS_URL: 'NATS to join, one server or a comma-separated list of a cluster\'s (nats://a:4222,nats://b:4222); unset = start an embedded nats-server (npm start / paddock up)',
+  PADDOCK_REPLICAS: 'JetStream replicas of Paddock\'s buckets (default 3 on a NATS cluster of three or more servers, else 1); an existing bucket with fewer is reported in the log',
   PADDOCK_HOME: 'state directory (default /var/lib/paddock)',
   PADDOCK_BIN_DIR: 'where the sandbox init (pid 1 of every sandbox) is compiled once per host (default /var/cache/paddock/bin)',
   PADDOCK_IMAGES_DIR: 'image store (default $PADDOCK_HOME/images)',

@@ -24,6 +24,9 @@ Run Paddock on this host:
                            a node's log (or nats-server's); -f follows it
   node                     run one node in the foreground, joining $NATS_URL
   node drain|undrain <id>  cordon a node (placement skips it; its sandboxes run on), or undo it
+  nats cluster [--servers N] [--dir DIR]
+                           run a NATS cluster of N servers (default 3) in the foreground for
+                           nodes to join; prints its NATS_URL ('paddock nats help')
   bridge status [--json]   the bridge: its machines, their state and age, pending demand, the
                            last decisions and their reasons
 
@@ -77,6 +80,7 @@ async function usageText(): Promise<string> {
 
 async function main(argv: string[]): Promise<number> {
   const i = argv.findIndex((w, k) => !w.startsWith('-') && argv[k - 1] !== '--nats' && argv[k - 1] !== '--timeout');
+  if (argv[i] === 'nats') return (await import('./nats.ts')).natsCli(argv.slice(i + 1));
   if (argv[i] === 'image' || argv[i] === 'fn') {
     const g = parseArgs({ args: argv.slice(0, i), options: GLOBAL, strict: true }).values;
     const rest = argv.slice(i + 1);
