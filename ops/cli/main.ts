@@ -27,6 +27,10 @@ Run Paddock on this host:
   nats cluster [--servers N] [--dir DIR]
                            run a NATS cluster of N servers (default 3) in the foreground for
                            nodes to join; prints its NATS_URL ('paddock nats help')
+  sim [--nodes N] [--per-process K] [--cpu C] [--memory-mib M] [--sandboxes-per-node S]
+                           run N simulated nodes (default 160, 'sim' backend only, ~190 cores
+                           and 1.5 TiB each) against $NATS_URL in the foreground, K per process
+                           ('paddock sim --help')
   bridge status [--json]   the bridge: its machines, their state and age, pending demand, the
                            last decisions and their reasons
 
@@ -81,6 +85,10 @@ async function usageText(): Promise<string> {
 async function main(argv: string[]): Promise<number> {
   const i = argv.findIndex((w, k) => !w.startsWith('-') && argv[k - 1] !== '--nats' && argv[k - 1] !== '--timeout');
   if (argv[i] === 'nats') return (await import('./nats.ts')).natsCli(argv.slice(i + 1));
+  if (argv[i] === 'sim') {
+    const g = parseArgs({ args: argv.slice(0, i), options: GLOBAL, strict: true }).values;
+    return (await import('./sim.ts')).simCli(g, argv.slice(i + 1));
+  }
   if (argv[i] === 'image' || argv[i] === 'fn') {
     const g = parseArgs({ args: argv.slice(0, i), options: GLOBAL, strict: true }).values;
     const rest = argv.slice(i + 1);

@@ -42,6 +42,15 @@ export function compose(base: ImageManifest, toolkit?: ImageManifest, workspace?
 
 const MANIFEST_TTL_MS = 500;
 
+export interface NodeImagesOptions {
+  /**
+   * Mount layers (the FUSE daemon, the layer cache): what a container or microVM node needs. A
+   * node of simulated sandboxes only names images: without layers it reads manifests and names and
+   * starts no daemon, so a process can hold a fleet of them on one store.
+   */
+  layers?: boolean;
+}
+
 export class NodeImages {
   private store!: LayerStore;
   private server?: StoreServer;
@@ -53,6 +62,7 @@ export class NodeImages {
   constructor(
     private readonly cfg: NodeConfig,
     private readonly log: Log,
+    private readonly o: NodeImagesOptions = {},
   ) {}
 
   async start(): Promise<void> {
@@ -70,6 +80,10 @@ export class NodeImages {
       const url = await this.store.readUrl();
       if (!url) throw new Error(`PADDOCK_STORE_URL=${l.store}: not a store nodes can read layers from (http://… or rclone:…)`);
       this.storeUrl = url;
+    }
+    if (this.o.layers === false) {
+      this.log.info({ store: this.storeUrl, embedded: !!this.server, layers: false }, 'layer store ready (names and manifests only)');
+      return;
     }
     this.layers = new LayerManager({
       nodeDir: this.cfg.nodeDir,
@@ -134,6 +148,10 @@ export class NodeImages {
   }
 
   stats(): Promise<NodeLayerStats> {
+    if (!this.layers) {
+      const l = this.cfg.layers;
+      return Promise.resolve({ dir: l.cacheDir, budgetBytes: 0, cachedBytes: 0, evictions: 0, evictedBytes: 0, uncachedChunks: 0, fetchedBytes: 0, hits: 0, misses: 0, layers: [], mode: l.mode, store: this.storeUrl, mounted: [] });
+    }
     return this.layers.stats();
   }
 
