@@ -6,6 +6,7 @@
 import type { Msg, NatsConnection, Subscription } from '@nats-io/transport-node';
 import { type Attributes, SpanKind, SpanStatusCode, trace } from '@opentelemetry/api';
 import type { Logger } from 'pino';
+import { type ConnectionWatch, connectionWatch } from '../protocol/connection.ts';
 import { decodeRequest, encode, Limits, natsFailure, ProtocolError, subjectTemplate, toWireError } from '../protocol/index.ts';
 import { Attr, traceContext } from '../protocol/trace.ts';
 
@@ -53,8 +54,20 @@ function logOnce(log: Logger, failure: ProtocolError): void {
   log.warn({ err: failure.cause, code: failure.code, ...failure.detail }, failure.message);
 }
 
+/**
+ * How long an answer waits for its connection to come back: nats.js drops what is published
+ * while it reconnects, and the caller, whose request got here, may still be waiting for it.
+ */
+const REPLY_HOLD_MS = 30_000;
+
+/** Sends `data` to the request's reply subject, once the connection is up. */
+async function respond(watch: ConnectionWatch, msg: Msg, data: Uint8Array): Promise<void> {
+  if (!watch.up && !(await watch.whenUp(REPLY_HOLD_MS))) return;
+  msg.respond(data);
+}
+
 /** Runs one request through its handler and replies. Never throws. */
-export async function handle(msg: Msg, handler: Handler, opts: ServeOptions): Promise<void> {
+export async function handle(msg: Msg, handler: Handler, opts: ServeOptions, watch: ConnectionWatch): Promise<void> {
   const parent = traceContext(msg.headers);
   const { template, op, sandbox } = subjectTemplate(msg.subject);
   // `<operation> <subject template>`, per the messaging conventions: one name per verb, whatever the sandbox.
@@ -73,7 +86,7 @@ export async function handle(msg: Msg, handler: Handler, opts: ServeOptions): Pr
       const max = opts.maxBytes ?? Limits.requestBytesMax;
       if (msg.data.length > max) throw new ProtocolError('PAYLOAD_TOO_LARGE', `request of ${msg.data.length} bytes exceeds ${max}`);
       const result = await handler({ subject: msg.subject, body: decodeRequest(msg.data), msg });
-      if (result !== STREAMED && msg.reply) msg.respond(encodeOk(result ?? null));
+      if (result !== STREAMED && msg.reply) await respond(watch, msg, encodeOk(result ?? null));
     } catch (thrown) {
       const failure = natsFailure(thrown, opts.name ?? msg.subject);
       const err = failure ?? thrown;
@@ -87,7 +100,7 @@ export async function handle(msg: Msg, handler: Handler, opts: ServeOptions): Pr
       } else opts.log.info({ subject: msg.subject, code: wire.code, error: wire.message }, `request refused: ${wire.code}`);
       if (msg.reply) {
         try {
-          msg.respond(encode({ ok: false, error: wire }));
+          await respond(watch, msg, encode({ ok: false, error: wire }));
         } catch (e) {
           opts.log.warn({ err: e, subject: msg.subject }, 'could not send error reply');
         }
@@ -100,6 +113,7 @@ export async function handle(msg: Msg, handler: Handler, opts: ServeOptions): Pr
 
 /** Subscribes `handler` to `subject`. Requests run concurrently; each is answered exactly once. */
 export function serve(nc: NatsConnection, subject: string, opts: ServeOptions, handler: Handler): Subscription {
+  const watch = connectionWatch(nc);
   return nc.subscribe(subject, {
     queue: opts.queue,
     callback: (err, msg) => {
@@ -107,7 +121,7 @@ export function serve(nc: NatsConnection, subject: string, opts: ServeOptions, h
         opts.log.warn({ err, subject }, 'subscription error');
         return;
       }
-      void handle(msg, handler, opts);
+      void handle(msg, handler, opts, watch);
     },
   });
 }

@@ -95,6 +95,8 @@ function needOf(spec: SandboxSpec): Resources {
 export class NodeHost {
   private readonly supervisor: Actor<typeof nodeMachine>;
   private readonly sandboxes = new Map<string, SandboxHost>();
+  /** Creates under way, by sandbox id: one sent again waits for the first. */
+  private readonly creating = new Map<string, Promise<CreateReply>>();
   private readonly subs: Subscription[] = [];
   private readonly timers: Array<() => void> = [];
   /** Creates admitted and waiting for a backend slot (CREATE_BEGIN), first come first served. */
@@ -249,12 +251,24 @@ export class NodeHost {
     return this.record();
   }
 
-  private async create(body: unknown): Promise<CreateReply> {
+  /**
+   * A create is idempotent by its id: sent again (its answer was lost with a NATS server, or
+   * placement tried again), it gets the answer of the first, or the record of the sandbox it made.
+   */
+  private create(body: unknown): Promise<CreateReply> {
     const b = validateCreate(body);
-    const spec = b.spec;
-    const open = this.deps.backends.for(spec.backend, this.id);
     const id = b.id ?? newSandboxId();
-    if (this.sandboxes.has(id)) throw new ProtocolError('INVALID_REQUEST', `sandbox ${id} already exists`);
+    const pending = this.creating.get(id);
+    if (pending) return pending;
+    const had = this.sandboxes.get(id);
+    if (had) return Promise.resolve({ sandbox: had.info });
+    const p = this.createNew(id, b.spec);
+    this.creating.set(id, p);
+    return p.finally(() => this.creating.delete(id));
+  }
+
+  private async createNew(id: string, spec: SandboxSpec): Promise<CreateReply> {
+    const open = this.deps.backends.for(spec.backend, this.id);
 
     // Refused before the spec's images are looked up: a trainer's creates past capacity cost the node little.
     const refused = this.refusalFor(spec, open.capacity);

@@ -31,6 +31,7 @@ import {
   validateCreate,
   validateNodeGroup,
 } from '../protocol/index.ts';
+import { ConnectionLost, request } from '../protocol/connection.ts';
 import { traceHeaders } from '../protocol/trace.ts';
 import { serve } from './bind.ts';
 import { DirectoryHost } from './directory-host.ts';
@@ -209,13 +210,17 @@ export class PlacementHost {
       }
       this.actor.send({ type: 'SENT', node, cpu: spec.cpu, memoryMiB: spec.memoryMiB });
       try {
-        const reply = await this.nc.request(subjects.node(node, 'create'), encode({ id, spec }), { timeout: NODE_CREATE_TIMEOUT_MS, headers: traceHeaders() });
-        const r = decode(reply.data) as Reply<CreateReply>;
+        let r = await this.nodeCreate(node, id, spec);
+        // The id is taken on another node: a create sent again whose first try made it there. That
+        // node answers a create of the id with its sandbox (node creates are idempotent by id).
+        const owner = !r.ok && r.error.code === 'ALREADY_EXISTS' ? r.error.detail?.node : undefined;
+        if (typeof owner === 'string' && owner !== node) r = await this.nodeCreate(owner, id, spec);
         if (r.ok) return { result: r.result };
         if (r.error.code !== 'NO_CAPACITY') throw new ProtocolError(r.error.code, r.error.message, { detail: r.error.detail });
         refusals.push(`${node}: ${r.error.message}`);
       } catch (err) {
         if (err instanceof ProtocolError) throw err;
+        if (err instanceof ConnectionLost) throw new ProtocolError('UNAVAILABLE', `placement lost NATS while creating ${id} on ${node}: ${err.message}`);
         if (err instanceof RequestError && err.isNoResponders()) {
           refusals.push(`${node}: not answering`);
           continue;
@@ -229,6 +234,12 @@ export class PlacementHost {
       }
     }
     return { refusals };
+  }
+
+  /** One node's create; sent again after a reconnect of this replica's connection (it is idempotent by id). */
+  private async nodeCreate(node: string, id: string, spec: SandboxSpec): Promise<Reply<CreateReply>> {
+    const reply = await request(this.nc, subjects.node(node, 'create'), encode({ id, spec }), { timeout: NODE_CREATE_TIMEOUT_MS, headers: traceHeaders(), resend: true });
+    return decode(reply.data) as Reply<CreateReply>;
   }
 
   /** Whether a create may wait: the caller allows it, the queue has room, and a live bridge says capacity can come. */
@@ -344,7 +355,7 @@ export class PlacementHost {
     await Promise.all(
       nodes.map(async (n) => {
         try {
-          const m = await this.nc.request(subjects.node(n.node, 'group'), encode({ group, verb }), { timeout: GROUP_TIMEOUT_MS, headers: traceHeaders() });
+          const m = await request(this.nc, subjects.node(n.node, 'group'), encode({ group, verb }), { timeout: GROUP_TIMEOUT_MS, headers: traceHeaders(), resend: true });
           const r = decode(m.data) as Reply<{ total: number; ok: number; failed: GroupReply['failed']; releasedBytes?: number }>;
           if (!r.ok) throw new ProtocolError(r.error.code, r.error.message);
           reply.total += r.result.total;

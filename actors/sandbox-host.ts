@@ -14,6 +14,7 @@ import {
   type ExecEvent,
   type ExecResult,
   type ExecVerdict,
+  decode,
   encode,
   isSandboxVerb,
   ProtocolError,
@@ -133,6 +134,14 @@ export class SandboxHost {
   private published: Promise<void> = Promise.resolve();
   private readonly waiters: Array<{ states: SandboxState[]; resolve: () => void }> = [];
   private lastActivity = Date.now();
+  /** The directory holds this sandbox's record under its id: its first write took the id. */
+  private claimed = false;
+  /**
+   * Another sandbox had the id (a create sent again, whose first try made it elsewhere): this one
+   * writes nothing under the id, and is removed.
+   */
+  private duplicateOf?: SandboxInfo;
+  private starting?: Promise<SandboxInfo>;
   /** The last directory write failed (NATS away): the record there is stale until `republish`. */
   private staleRecord = false;
 
@@ -184,15 +193,28 @@ export class SandboxHost {
     return this.actor.getSnapshot().context.inflight > 0 ? 0 : this.lastActivity;
   }
 
-  /** Starts the actor; resolves once the sandbox runs or has failed, with its record published. */
-  async start(): Promise<SandboxInfo> {
-    // The node's logger: serve logs only failures, and their subject names the sandbox.
-    this.sub = serve(this.deps.nc, subjects.sandboxAll(this.id), { log: this.deps.log, nodeId: this.deps.nodeId }, (req) => this.handle(req));
-    this.publishEvent();
-    this.actor.start();
-    await this.until(['running', 'stopped', 'failed']);
-    await this.published;
-    return this.info;
+  /**
+   * Starts the actor; resolves once the sandbox runs or has failed, with its record published.
+   * Called again (a create sent twice), it answers as the first call does. ALREADY_EXISTS when the
+   * id turned out to be another sandbox's: this one is then removed without a trace.
+   */
+  start(): Promise<SandboxInfo> {
+    this.starting ??= (async () => {
+      // The node's logger: serve logs only failures, and their subject names the sandbox.
+      this.sub = serve(this.deps.nc, subjects.sandboxAll(this.id), { log: this.deps.log, nodeId: this.deps.nodeId }, (req) => this.handle(req));
+      this.publishEvent();
+      this.actor.start();
+      await this.until(['running', 'stopped', 'failed']);
+      await this.published;
+      const had = this.duplicateOf;
+      if (had) {
+        this.log.warn({ owner: had.node, state: had.state }, 'the sandbox id was taken by the time its record was written (a create sent again): removing this copy');
+        await this.kill();
+        throw new ProtocolError('ALREADY_EXISTS', `sandbox ${this.id} already exists (on node ${had.node}, ${had.state})`, { detail: { id: this.id, node: had.node, state: had.state } });
+      }
+      return this.info;
+    })();
+    return this.starting;
   }
 
   /** The backend saw the sandbox end by itself (its init died): it fails with reason `crashed`. */
@@ -289,13 +311,40 @@ export class SandboxHost {
   }
 
   private async write(record: Uint8Array): Promise<void> {
+    if (this.duplicateOf) return;
     try {
-      await this.deps.directory.put(this.id, record);
+      if (this.claimed) await this.deps.directory.put(this.id, record);
+      else await this.claim(record);
       this.staleRecord = false;
     } catch (err) {
       if (!this.staleRecord) this.log.warn({ err: unavailable(err, 'the sandbox directory') }, 'directory write failed: the record is written again once NATS is back');
       this.staleRecord = true;
     }
+  }
+
+  /**
+   * The first write takes the id: a create only where nothing is, so that a create sent twice
+   * (its first answer lost with a NATS server) that reached two nodes leaves one sandbox, not two,
+   * at no cost to a create sent once. A record already there that is this sandbox's own (a write
+   * whose acknowledgement was lost) is no conflict.
+   */
+  private async claim(record: Uint8Array): Promise<void> {
+    try {
+      await this.deps.directory.create(this.id, record);
+      this.claimed = true;
+      return;
+    } catch (err) {
+      const code = (err as { code?: number }).code;
+      if (code !== 10071 && code !== 10164) throw err;
+    }
+    const e = await this.deps.directory.get(this.id);
+    const had = e?.operation === 'PUT' ? (decode(e.value) as SandboxInfo) : undefined;
+    if (had && !(had.node === this.deps.nodeId && had.createdAt === this.info.createdAt)) {
+      this.duplicateOf = had;
+      return;
+    }
+    await this.deps.directory.put(this.id, record);
+    this.claimed = true;
   }
 
   /** Whether the record the directory holds is the current one (after the writes under way). */
@@ -318,6 +367,7 @@ export class SandboxHost {
   }
 
   private publishEvent(record: Uint8Array = encode(this.info)): void {
+    if (this.duplicateOf) return;
     try {
       this.deps.nc.publish(subjects.event(this.id, this.info.state), record);
     } catch (err) {

@@ -161,7 +161,7 @@ export const Operations: Operation[] = [
     errors: [...sbErrors, 'FORBIDDEN'],
     limits: '',
     timeout: '60 s',
-    retry: 'safe to retry (NOT_FOUND the second time)',
+    retry: 'repeatable, but a second try says NOT_FOUND: the SDK does not send it again after a dropped connection',
   },
   {
     subject: 'pdk.v1.sb.<id>.pause | hibernate',

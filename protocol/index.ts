@@ -65,7 +65,7 @@ export type {
   SandboxState,
   SandboxStats,
 } from './messages.ts';
-export { Buckets, FN_QUEUE, isSandboxVerb, RolloutVerbs, isToken, NodeVerbs, PLACEMENT_QUEUE, PREFIX, parseGroupSubject, parseSandboxSubject, SandboxVerbs, Streams, subjectTemplate, subjects } from './subjects.ts';
+export { Buckets, FN_QUEUE, isSandboxVerb, RolloutVerbs, isToken, mayResend, NodeVerbs, PLACEMENT_QUEUE, PREFIX, parseGroupSubject, parseSandboxSubject, SandboxVerbs, Streams, subjectTemplate, subjects } from './subjects.ts';
 export type { NodeVerb, RolloutVerb, SandboxVerb } from './subjects.ts';
 export { ensureBucket, fewerReplicasWarning, replicasFor, scanKv } from './kv.ts';
 export { LISTED_BY_DEFAULT, selectSandboxes } from './directory.ts';

@@ -130,3 +130,36 @@ export function subjectTemplate(subject: string): { template: string; op: string
   const op = subject.startsWith(`${PREFIX}.`) ? subject.slice(PREFIX.length + 1) : subject;
   return { template: subject, op };
 }
+
+/**
+ * Operations (subjectTemplate's `op`) a client may send again when its connection dropped while
+ * one was in flight: reads, and calls whose second delivery does what the first did — a create
+ * carries its sandbox id, which makes it idempotent (a node that has it answers with it, another
+ * finds the id taken), a group verb counts sandboxes already there as done. test/protocol.test.ts
+ * keeps this in step with the `retry` column of protocol/api.ts.
+ */
+const RESENDABLE = new Set([
+  'place.create',
+  'sandboxes.list',
+  'sandboxes.get',
+  'info',
+  'exec.cancel',
+  'exec.resume',
+  'files.read',
+  'files.list',
+  'stats',
+  'kill',
+  'network.set',
+  'rollouts.attach',
+  'rollouts.get',
+  'rollouts.steps',
+  'rollouts.export',
+  'rollouts.delete',
+  'nodes.list',
+  'node.info',
+  'node.create',
+]);
+
+export function mayResend(op: string): boolean {
+  return RESENDABLE.has(op) || op.startsWith('group.');
+}

@@ -3,8 +3,8 @@ import { readFileSync } from 'node:fs';
 import { Kvm } from '@nats-io/kv';
 import { type NatsConnection, connect as natsConnect } from '@nats-io/transport-node';
 import { natsServers, natsUrlFile } from '../protocol/discovery.ts';
-import { Buckets, type CreateReply, decode, type GroupReply, type GroupVerb, isToken, type SandboxesListReply, type SandboxInfo, type SandboxSpec, type SandboxState, scanKv, selectSandboxes, subjects } from '../protocol/index.ts';
-import { InvalidRequestError, NotFoundError, TimeoutError, UnavailableError } from './errors.ts';
+import { Buckets, type CreateReply, decode, type GroupReply, type GroupVerb, isToken, newSandboxId, type SandboxesListReply, type SandboxInfo, type SandboxSpec, type SandboxState, scanKv, selectSandboxes, subjects } from '../protocol/index.ts';
+import { AlreadyExistsError, InvalidRequestError, NotFoundError, TimeoutError, UnavailableError } from './errors.ts';
 import { Fn } from './fn.ts';
 import { Rollouts } from './rollouts.ts';
 import { Nodes } from './nodes.ts';
@@ -132,10 +132,21 @@ export class Sandboxes {
   /** @internal a handle on a sandbox whose record a server sent. */
   readonly handle = (info: SandboxInfo): Sandbox => new Sandbox(this.t, info, this.lookup);
 
-  /** Creates a sandbox and resolves once it runs. */
+  /**
+   * Creates a sandbox and resolves once it runs. The id is chosen here, which makes the create
+   * safe to send again: one whose connection dropped while it was in flight is sent again when
+   * the connection is back, and a node that already made it answers with it.
+   */
   async create(spec: CreateSpec = {}, opts?: CallOptions): Promise<Sandbox> {
-    const r = await this.t.request<CreateReply>(subjects.placeCreate, { spec }, opts);
-    return new Sandbox(this.t, r.sandbox, this.lookup);
+    const id = newSandboxId();
+    try {
+      const r = await this.t.request<CreateReply>(subjects.placeCreate, { spec, id }, opts);
+      return new Sandbox(this.t, r.sandbox, this.lookup);
+    } catch (err) {
+      // Only a create of ours can have taken this id: the first try made it, its answer was lost.
+      if (err instanceof AlreadyExistsError && err.detail?.id === id) return this.get(id, opts);
+      throw err;
+    }
   }
 
   /** A sandbox by id, with its current record (ended sandboxes included while the directory keeps them). */

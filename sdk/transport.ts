@@ -1,7 +1,8 @@
 /** Request/reply over NATS with the protocol's envelope, timeouts, cancellation and trace headers. */
-import { type NatsConnection, RequestError, TimeoutError as NatsTimeout } from '@nats-io/transport-node';
+import { type Msg, type NatsConnection, RequestError, TimeoutError as NatsTimeout } from '@nats-io/transport-node';
 import { type Attributes, type Span, SpanKind, SpanStatusCode, trace } from '@opentelemetry/api';
-import { decode, encode, natsFailure, type Reply, subjectTemplate } from '../protocol/index.ts';
+import { ConnectionLost, type ConnectionWatch, connectionWatch, request } from '../protocol/connection.ts';
+import { decode, encode, mayResend, natsFailure, type Reply, subjectTemplate } from '../protocol/index.ts';
 import { Attr, traceHeaders } from '../protocol/trace.ts';
 import { CancelledError, errorFromWire, InvalidRequestError, PaddockError, TimeoutError, UnavailableError } from './errors.ts';
 
@@ -13,41 +14,23 @@ export interface CallOptions {
 }
 
 export class Transport {
-  /** Set while the connection is down: resolves when it is back. */
-  private down: { back: Promise<void>; wake: () => void } | undefined;
-  private readonly reconnectListeners = new Set<() => void>();
+  private readonly watch: ConnectionWatch;
 
   constructor(
     readonly nc: NatsConnection,
     readonly defaultTimeoutMs: number,
   ) {
-    void this.watch();
-  }
-
-  private async watch(): Promise<void> {
-    for await (const s of this.nc.status()) {
-      if (s.type === 'disconnect' && !this.down) {
-        let wake = () => {};
-        const back = new Promise<void>((r) => (wake = r));
-        this.down = { back, wake };
-      } else if (s.type === 'reconnect') {
-        this.down?.wake();
-        this.down = undefined;
-        for (const l of this.reconnectListeners) l();
-      }
-    }
-    this.down?.wake();
+    this.watch = connectionWatch(nc);
   }
 
   /** Whether the connection is up (not reconnecting). */
   get isConnected(): boolean {
-    return this.down === undefined;
+    return this.watch.up;
   }
 
   /** Calls `fn` after each reconnect until the returned function is called (a stream asks for what it missed). */
   onReconnect(fn: () => void): () => void {
-    this.reconnectListeners.add(fn);
-    return () => this.reconnectListeners.delete(fn);
+    return this.watch.onUp(fn);
   }
 
   /**
@@ -55,12 +38,8 @@ export class Transport {
    * published while it is down, so a request sent then would wait its whole timeout for nothing.
    */
   async connected(timeoutMs: number, what: string): Promise<void> {
-    const d = this.down;
-    if (!d) return;
-    let timer: NodeJS.Timeout | undefined;
-    const expired = await Promise.race([d.back.then(() => false), new Promise<boolean>((r) => (timer = setTimeout(() => r(true), timeoutMs)))]);
-    clearTimeout(timer);
-    if (expired) throw new UnavailableError('UNAVAILABLE', `${what}: NATS is unreachable (reconnecting) for longer than ${timeoutMs} ms`, { detail: { what, reason: 'disconnected' } });
+    if (await this.watch.whenUp(timeoutMs)) return;
+    throw new UnavailableError('UNAVAILABLE', `${what}: NATS is unreachable (reconnecting) for longer than ${timeoutMs} ms`, { detail: { what, reason: 'disconnected' } });
   }
 
   /** PAYLOAD_TOO_LARGE for a message the server would refuse (NATS closes nothing, but the publish fails late and vaguely). */
@@ -107,14 +86,17 @@ export class Transport {
     if (opts.signal?.aborted) throw new CancelledError('CANCELLED', 'the call was cancelled before it was sent');
     const data = encode(body);
     this.checkSize(subject, data);
-    const sent = Date.now();
-    await this.connected(timeout, subject);
-    const call = this.nc.request(subject, data, { timeout: Math.max(1, timeout - (Date.now() - sent)), headers: traceHeaders() });
-    let msg: Awaited<typeof call>;
+    // A call the connection's loss left in doubt is sent again only when repeating it is harmless
+    // (protocol/api.ts, mayResend); any other fails at once rather than at its timeout.
+    const call = request(this.nc, subject, data, { timeout, headers: traceHeaders(), resend: mayResend(subjectTemplate(subject).op) });
+    let msg: Msg;
     try {
       msg = await (opts.signal ? abortable(call, opts.signal) : call);
     } catch (err) {
       if (err instanceof PaddockError) throw err;
+      if (err instanceof ConnectionLost) {
+        throw new UnavailableError('UNAVAILABLE', `${err.message}${err.inDoubt ? ' (not sent again: repeating it is not safe)' : ''}`, { cause: err, detail: { what: subject, reason: 'disconnected', inDoubt: err.inDoubt } });
+      }
       if (err instanceof RequestError && err.isNoResponders()) {
         if (onNoResponders) return onNoResponders();
         throw new UnavailableError('UNAVAILABLE', `nothing answers ${subject}: is a Paddock node running?`, { cause: err });

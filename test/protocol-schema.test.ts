@@ -3,7 +3,7 @@ import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import test from 'ava';
 import { Operations, protocolJsonSchema, TABLE_BEGIN, TABLE_END, withProtocolTable } from '../protocol/api.ts';
-import { decodeRequest, encode, ErrorCodes, Limits, ProtocolError, Schema, validateExec, validateSpec } from '../protocol/index.ts';
+import { decodeRequest, encode, ErrorCodes, Limits, mayResend, ProtocolError, Schema, subjectTemplate, validateExec, validateSpec } from '../protocol/index.ts';
 
 const root = join(import.meta.dirname, '..');
 
@@ -58,4 +58,14 @@ test('validators follow the schema: defaults filled, nil is absent, the first ba
   validateSpec(input);
   t.deepEqual(input, { cpu: 2 });
   t.is(Schema.SandboxSpec.properties.cpu.default, Limits.cpu.default);
+});
+
+test('the calls a client sends again after a dropped connection are the ones the table says are safe to repeat', (t) => {
+  const concrete = (s: string) => (s.split(' ')[0] as string).replace('<id>', 'sb-x').replace('<group>', 'g').replace('<verb>', 'pause').replace('<node>', 'n1');
+  for (const o of Operations) {
+    const op = subjectTemplate(concrete(o.subject)).op;
+    if (o.retry.startsWith('safe to retry') || o.subject === 'pdk.v1.place.create') t.true(mayResend(op), `${o.subject} (${op}) is safe to repeat`);
+    const unsafe = ['pdk.v1.sb.<id>.pause | hibernate', 'pdk.v1.sb.<id>.resume | restore', 'pdk.v1.sb.<id>.files.write', 'pdk.v1.rollouts.start'];
+    if (o.retry.startsWith('not idempotent') || unsafe.includes(o.subject)) t.false(mayResend(op), `${o.subject} (${op}) is not`);
+  }
 });
