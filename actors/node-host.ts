@@ -259,7 +259,7 @@ export class NodeHost {
     const b = validateCreate(body);
     const id = b.id ?? newSandboxId();
     const pending = this.creating.get(id);
-    if (pending) return pending;
+    if (pending !== undefined) return pending;
     const had = this.sandboxes.get(id);
     if (had) return Promise.resolve({ sandbox: had.info });
     const p = this.createNew(id, b.spec);
