@@ -65,6 +65,9 @@ const EXEC_STARTS_PER_SANDBOX = Math.max(1, Math.floor(cpus().length / 2));
 /** How long an exec holds its start slot at most: well past a `crun exec` (~3–20 ms here). */
 const EXEC_START_HOLD_MS = 100;
 
+/** How long a new sandbox's first directory write is tried again while JetStream is unavailable. */
+const CLAIM_RETRY_MS = 30_000;
+
 /** Room for the reply's envelope and fields around stdout and stderr. */
 const REPLY_OVERHEAD = 64 * 1024;
 
@@ -206,6 +209,12 @@ export class SandboxHost {
       this.actor.start();
       await this.until(['running', 'stopped', 'failed']);
       await this.published;
+      if (!this.claimed && !this.duplicateOf && this.state === 'running') {
+        // Not in the directory, no one could find it, and another node may yet take its id: a
+        // create that cannot be recorded fails (the caller may try again) rather than leak.
+        await this.kill();
+        throw new ProtocolError('UNAVAILABLE', `sandbox ${this.id} could not be recorded in the sandbox directory within ${CLAIM_RETRY_MS / 1000} s (JetStream unavailable): removed`, { detail: { id: this.id, what: 'the sandbox directory' } });
+      }
       const had = this.duplicateOf;
       if (had) {
         this.log.warn({ owner: had.node, state: had.state }, 'the sandbox id was taken by the time its record was written (a create sent again): removing this copy');
@@ -329,22 +338,33 @@ export class SandboxHost {
    * whose acknowledgement was lost) is no conflict.
    */
   private async claim(record: Uint8Array): Promise<void> {
-    try {
-      await this.deps.directory.create(this.id, record);
-      this.claimed = true;
-      return;
-    } catch (err) {
-      const code = (err as { code?: number }).code;
-      if (code !== 10071 && code !== 10164) throw err;
+    // A stream that lost its leader with a NATS server answers again within seconds, once the
+    // others elect one; a write that timed out may have been stored, which the next try tells.
+    const deadline = Date.now() + CLAIM_RETRY_MS;
+    for (;;) {
+      try {
+        try {
+          await this.deps.directory.create(this.id, record);
+          this.claimed = true;
+          return;
+        } catch (err) {
+          const code = (err as { code?: number }).code;
+          if (code !== 10071 && code !== 10164) throw err;
+        }
+        const e = await this.deps.directory.get(this.id);
+        const had = e?.operation === 'PUT' ? (decode(e.value) as SandboxInfo) : undefined;
+        if (had && !(had.node === this.deps.nodeId && had.createdAt === this.info.createdAt)) {
+          this.duplicateOf = had;
+          return;
+        }
+        await this.deps.directory.put(this.id, record);
+        this.claimed = true;
+        return;
+      } catch (err) {
+        if (Date.now() > deadline) throw err;
+        await new Promise((r) => setTimeout(r, 250));
+      }
     }
-    const e = await this.deps.directory.get(this.id);
-    const had = e?.operation === 'PUT' ? (decode(e.value) as SandboxInfo) : undefined;
-    if (had && !(had.node === this.deps.nodeId && had.createdAt === this.info.createdAt)) {
-      this.duplicateOf = had;
-      return;
-    }
-    await this.deps.directory.put(this.id, record);
-    this.claimed = true;
   }
 
   /** Whether the record the directory holds is the current one (after the writes under way). */

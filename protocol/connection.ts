@@ -5,7 +5,7 @@
  * both would wait out their whole timeout. One watch per connection tells everything that uses it
  * whether it is up, and wakes what waits for it.
  */
-import type { Msg, NatsConnection, RequestOptions } from '@nats-io/transport-node';
+import { type Msg, type NatsConnection, RequestError, type RequestOptions } from '@nats-io/transport-node';
 
 export interface ConnectionWatch {
   /** Whether the connection is up now (not reconnecting). */
@@ -16,7 +16,15 @@ export interface ConnectionWatch {
   onDown(fn: () => void): () => void;
   /** Calls `fn` at each reconnect until the returned function is called. */
   onUp(fn: () => void): () => void;
+  /** When the connection last came back (0: never lost). */
+  readonly reconnectedAt: number;
 }
+
+/**
+ * How long after a reconnect "no responders" may only mean that the services' interest has not
+ * reached this server yet (they reconnect too, and a restarted server learns routes anew).
+ */
+const SETTLE_MS = 10_000;
 
 const watches = new WeakMap<NatsConnection, ConnectionWatch>();
 
@@ -27,7 +35,11 @@ export function connectionWatch(nc: NatsConnection): ConnectionWatch {
   let closed = false;
   const downs = new Set<() => void>();
   const ups = new Set<() => void>();
+  let reconnectedAt = 0;
   const w: ConnectionWatch = {
+    get reconnectedAt() {
+      return reconnectedAt;
+    },
     get up() {
       return down === undefined && !closed;
     },
@@ -57,6 +69,7 @@ export function connectionWatch(nc: NatsConnection): ConnectionWatch {
         down = { back, wake };
         for (const f of [...downs]) f();
       } else if (s.type === 'reconnect') {
+        reconnectedAt = Date.now();
         down?.wake(true);
         down = undefined;
         for (const f of [...ups]) f();
@@ -103,6 +116,13 @@ export async function request(nc: NatsConnection, subject: string, data: Uint8Ar
     try {
       const r = await Promise.race([call, dropped]);
       if (r !== 'lost') return r;
+    } catch (err) {
+      // Shortly after a reconnect, no responders may mean the services are still coming back
+      // (a create's placement replicas reconnect too): a request safe to repeat tries again.
+      const settling = resend && w.reconnectedAt > 0 && Date.now() - w.reconnectedAt < SETTLE_MS && Date.now() < deadline - 250;
+      if (!(settling && err instanceof RequestError && err.isNoResponders())) throw err;
+      await new Promise((r) => setTimeout(r, 250));
+      continue;
     } finally {
       off();
     }
