@@ -91,16 +91,17 @@ export class SimFleet {
     // and 160 layer daemons would be 160 HTTP servers and 160 child processes doing nothing.
     this.images = new NodeImages(first, log.child({ part: 'images' }), { layers: false });
     await this.images.start();
+    const startNode = async (i: number) => {
+      const cfg = cfgs[i] as NodeConfig;
+      const node = new NodeProcess(cfg, log.child({ node: cfg.nodeId }), { env: envs[i], images: this.images, metrics: false });
+      this.nodes.push(node);
+      await node.start();
+    };
+    // The first alone: on a fresh cluster it creates the buckets and the command log's stream, and
+    // a few nodes creating the same replicated stream at once time out waiting for its leader.
+    const results = await Promise.allSettled([startNode(0)]);
     const limit = new Semaphore(this.o.startConcurrency ?? 8);
-    const results = await Promise.allSettled(
-      cfgs.map((cfg, i) =>
-        limit.run(async () => {
-          const node = new NodeProcess(cfg, log.child({ node: cfg.nodeId }), { env: envs[i], images: this.images, metrics: false });
-          this.nodes.push(node);
-          await node.start();
-        }),
-      ),
-    );
+    if (results[0]?.status === 'fulfilled') results.push(...(await Promise.allSettled(cfgs.slice(1).map((_, i) => limit.run(() => startNode(i + 1))))));
     const failed = results.find((r): r is PromiseRejectedResult => r.status === 'rejected');
     if (failed) {
       await this.stop();

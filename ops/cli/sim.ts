@@ -93,7 +93,7 @@ export async function simCli(g: GlobalFlags, rest: string[]): Promise<number> {
     return 1;
   }
   const ids = fleet.ids;
-  note(`sim: ${ids.length} nodes ready (${ids[0]}${ids.length > 1 ? ` … ${ids[ids.length - 1]}` : ''}), ${placement} placement replica(s), pid ${process.pid}`);
+  note(`sim: ${ids.length} node${ids.length === 1 ? '' : 's'} ready (${ids[0]}${ids.length > 1 ? ` … ${ids[ids.length - 1]}` : ''}), ${placement} placement replica(s), pid ${process.pid}`);
   return done;
 }
 

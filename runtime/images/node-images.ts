@@ -102,8 +102,39 @@ export class NodeImages {
 
   /** Image names the store holds (refreshed at most every second: heartbeats ask often). */
   async list(): Promise<string[]> {
+    if (this.o.layers === false) return this.catalogList();
     if (Date.now() - this.names.at > 1000) this.names = { at: Date.now(), list: await this.store.list() };
     return this.names.list;
+  }
+
+  private refreshing?: Promise<string[]>;
+
+  /**
+   * A catalog shared by a fleet of simulated nodes answers from what it last read and refreshes
+   * in the background, one read at a time: every create checks its image, and a busy fleet
+   * process, whose own event loop serves the store, once sent hundreds of reads at each expiry
+   * and timed its nodes' heartbeats out behind them (placement then saw no live node).
+   */
+  private catalogList(): Promise<string[]> {
+    const stale = Date.now() - this.names.at > 1000;
+    if (stale && !this.refreshing) {
+      this.refreshing = this.store.list().then(
+        (list) => {
+          this.names = { at: Date.now(), list };
+          this.refreshing = undefined;
+          return list;
+        },
+        (err: unknown) => {
+          this.refreshing = undefined;
+          if (this.names.at === 0) throw err;
+          this.log.warn({ err }, 'image catalog not refreshed: the last list stands');
+          return this.names.list;
+        },
+      );
+    }
+    // Only a catalog that has never been read waits for the store.
+    const first = this.names.at === 0 ? this.refreshing : undefined;
+    return first ?? Promise.resolve(this.names.list);
   }
 
   /**
