@@ -13,6 +13,8 @@ import { rotatingLog } from './logfile.ts';
 export interface EmbeddedNats {
   url: string;
   port: number;
+  /** The monitoring endpoint (`/varz`, `/jsz`, …) when started with `httpPort`. */
+  monitorUrl?: string;
   proc: ChildProcess;
   stop(): Promise<void>;
 }
@@ -25,6 +27,8 @@ export interface StartNatsOptions {
   port?: number;
   /** nats-server's own log (rotated); without it only the last 4 KB are kept, for errors. */
   logFile?: string;
+  /** Serve nats-server's monitoring endpoints on this loopback port (benchmarks read /varz and /jsz). */
+  httpPort?: number;
   /** Membership of a cluster (startNatsCluster): this server's name, the cluster's, its route port and its peers' routes. */
   cluster?: { serverName: string; name: string; port: number; routes: string[] };
 }
@@ -45,7 +49,7 @@ export async function startNats(opts: StartNatsOptions): Promise<EmbeddedNats> {
   // embedded nats-server has no one else to serve.
   // detached: a terminal's Ctrl-C goes to its whole process group; nats-server must outlive it
   // until the node has recorded its sandboxes' end, so only its starter stops it.
-  const proc = spawn('setpriv', ['--pdeathsig', 'TERM', '--', 'nats-server', '-c', conf, '-a', '127.0.0.1', '-p', String(opts.port ?? -1), '-js', '-sd', join(opts.dataDir, 'jetstream'), '--ports_file_dir', portsDir], {
+  const proc = spawn('setpriv', ['--pdeathsig', 'TERM', '--', 'nats-server', '-c', conf, '-a', '127.0.0.1', '-p', String(opts.port ?? -1), '-js', '-sd', join(opts.dataDir, 'jetstream'), '--ports_file_dir', portsDir, ...(opts.httpPort ? ['-m', String(opts.httpPort)] : [])], {
     stdio: ['ignore', 'ignore', 'pipe'],
     detached: true,
   });
@@ -76,6 +80,7 @@ export async function startNats(opts: StartNatsOptions): Promise<EmbeddedNats> {
           return {
             url: `nats://127.0.0.1:${port}`,
             port,
+            ...(opts.httpPort ? { monitorUrl: `http://127.0.0.1:${opts.httpPort}` } : {}),
             proc,
             // Resolves once the process is gone (its port free for a restart on the same one).
             stop: async () => {
@@ -140,15 +145,18 @@ export async function freePorts(n: number): Promise<number[]> {
  * restarted comes back where its clients and peers look for it. Resolves once JetStream's meta
  * group has a leader (a bucket created before that fails with "JetStream cluster not available").
  */
-export async function startNatsCluster(opts: { dataDir: string; servers: number; name?: string; logDir?: string; ports?: number[] }): Promise<NatsCluster> {
+export async function startNatsCluster(opts: { dataDir: string; servers: number; name?: string; logDir?: string; ports?: number[]; monitor?: boolean }): Promise<NatsCluster> {
   const n = opts.servers;
   if (!Number.isInteger(n) || n < 1 || n > 9) throw new Error(`a cluster has 1 to 9 servers, not ${n}`);
   const ports = opts.ports ?? (await freePorts(2 * n));
+  // Monitoring ports after the client and route ones, so a caller's `ports` keep their meaning.
+  const monitorPorts = opts.monitor ? await freePorts(n) : [];
   const name = opts.name ?? 'paddock';
   const routePort = (i: number) => ports[n + i] as number;
   const optsOf = (i: number): StartNatsOptions => ({
     dataDir: join(opts.dataDir, `s${i}`),
     port: ports[i] as number,
+    ...(opts.monitor ? { httpPort: monitorPorts[i] as number } : {}),
     ...(opts.logDir ? { logFile: join(opts.logDir, `nats-s${i}.log`) } : {}),
     cluster: {
       serverName: `${name}-s${i}`,

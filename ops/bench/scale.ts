@@ -1,0 +1,449 @@
+/**
+ * Scale-out on a NATS cluster: a 3-server cluster (startNatsCluster), a simulated fleet of
+ * `paddock sim` processes (K nodes each, every node the production node host with the sim
+ * backend), and trainer processes (scale-trainer.ts) that create sandboxes through placement in
+ * bursts of one job each, drive 1% of them with execs, group-pause and resume one job, and kill
+ * everything with group verbs. Before that, a short phase on a 10-node fleet gives the slope.
+ *
+ * Reported: placements/s per burst and sustained (created / time spent in bursts), create latency,
+ * the RSS of every fleet process summed per live sandbox, NATS messages and bytes per create
+ * (/varz of the three servers: what each server received and sent, routes included, heartbeats
+ * and watches of the period included), JetStream writes per create (the streams' sequence
+ * numbers: each stored message once, not per replica), group pause/resume of one job, and the CPU
+ * seconds each kind of process used during the bursts (what ran out).
+ *
+ *   node --import tsx ops/bench/scale.ts [--nodes 160] [--sandboxes 380000] [--burst 32000]
+ *     [--trainers 3] [--concurrency 256] [--per-process 40] [--placement 1] [--no-slope]
+ *     [--slope-nodes 10] [--profile DIR] [--json]
+ */
+import { type ChildProcess, fork, spawn } from 'node:child_process';
+import { createWriteStream } from 'node:fs';
+import { mkdir, mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { performance } from 'node:perf_hooks';
+import { jetstreamManager } from '@nats-io/jetstream';
+import { distIsCurrent, ROOT } from '../../runtime/source.ts';
+import { Paddock } from '../../sdk/index.ts';
+import { type NatsCluster, startNatsCluster } from '../nats.ts';
+import { CLK_TCK, cleanUp, cleanUpOnSignals, cpuSeconds, fmt, hostCpu, numberArg, onCleanup, progress, rssBytes, runMain, sleep, table, UsageError } from './harness.ts';
+import type { BurstResult, ExecResult, TrainerCommand } from './scale-trainer.ts';
+import { round3, summarize } from './stats.ts';
+
+const USAGE = 'usage: scale.ts [--nodes N] [--sandboxes N] [--burst N] [--trainers N] [--concurrency N] [--per-process K] [--placement P] [--sandboxes-per-node S] [--no-slope] [--slope-nodes N] [--profile DIR] [--json]';
+
+interface Options {
+  nodes: number;
+  sandboxes: number;
+  burst: number;
+  trainers: number;
+  concurrency: number;
+  perProcess: number;
+  placement: number;
+  sandboxesPerNode: number;
+  slope: boolean;
+  slopeNodes: number;
+  profile?: string;
+  json: boolean;
+}
+
+const TARGETS = { live: 380_000, nodes: 160, placementsPerSec: 5000, createP99Ms: 100, rssBytesPerSandbox: 32 * 1024, groupPauseMs: 2000 };
+
+function parseArgs(argv: readonly string[]): Options {
+  const o: Options = { nodes: 160, sandboxes: 380_000, burst: 32_000, trainers: 3, concurrency: 256, perProcess: 40, placement: 1, sandboxesPerNode: 3200, slope: true, slopeNodes: 10, json: false };
+  const nums = { '--nodes': 'nodes', '--sandboxes': 'sandboxes', '--burst': 'burst', '--trainers': 'trainers', '--concurrency': 'concurrency', '--per-process': 'perProcess', '--placement': 'placement', '--sandboxes-per-node': 'sandboxesPerNode', '--slope-nodes': 'slopeNodes' } as const;
+  for (let i = 0; i < argv.length; i++) {
+    const a = argv[i] as string;
+    const name = a.split('=')[0] as string;
+    if (a === '--json') o.json = true;
+    else if (a === '--no-slope') o.slope = false;
+    else if (a === '--slope') o.slope = true;
+    else if (name === '--profile') {
+      o.profile = a === name ? argv[++i] : a.slice(name.length + 1);
+      if (!o.profile) throw new UsageError(`--profile: a directory\n${USAGE}`);
+    } else if (name in nums) {
+      const r = numberArg(argv, i, name, USAGE);
+      o[nums[name as keyof typeof nums]] = r.value;
+      i = r.next;
+    } else throw new UsageError(`unknown argument ${a}\n${USAGE}`);
+  }
+  if (o.burst > o.sandboxes) o.burst = o.sandboxes;
+  if (o.nodes * o.sandboxesPerNode < o.sandboxes) throw new UsageError(`${o.nodes} nodes of ${o.sandboxesPerNode} sandboxes cannot hold ${o.sandboxes}: raise --sandboxes-per-node`);
+  return o;
+}
+
+// ─── Processes ──────────────────────────────────────────────────────────────────────────────────
+
+interface FleetProcess {
+  proc: ChildProcess;
+  first: number;
+  nodes: number;
+}
+
+interface Fleet {
+  procs: FleetProcess[];
+  ids: string[];
+  stop(): Promise<void>;
+}
+
+/** The CLI the fleet runs: compiled when dist/ is current (as nodes run), else the sources through tsx. */
+function cliEntry(): string[] {
+  if (distIsCurrent()) return [join(ROOT, 'dist', 'ops', 'cli', 'main.js')];
+  return ['--import', import.meta.resolve('tsx'), join(ROOT, 'ops', 'cli', 'main.ts')];
+}
+
+async function startFleetProcess(o: { url: string; home: string; logDir: string; first: number; nodes: number; placement: number; sandboxesPerNode: number; profile?: string }): Promise<FleetProcess> {
+  const args = ['sim', '--nats', o.url, '--nodes', String(o.nodes), '--per-process', String(o.nodes), '--first', String(o.first), '--placement', String(o.placement), '--sandboxes-per-node', String(o.sandboxesPerNode)];
+  // pdeathsig: a fleet outliving a benchmark killed by SIGKILL would hold the machine.
+  const proc = spawn('setpriv', ['--pdeathsig', 'TERM', '--', process.execPath, ...cliEntry(), ...args], {
+    stdio: ['ignore', 'pipe', 'pipe'],
+    env: { ...process.env, PADDOCK_HOME: o.home, PADDOCK_IMAGES_DIR: join(o.home, 'images'), PADDOCK_LOG_LEVEL: process.env.PADDOCK_LOG_LEVEL ?? 'warn', ...(o.profile ? { PADDOCK_CPU_PROFILE: o.profile } : {}) },
+  });
+  const log = createWriteStream(join(o.logDir, `fleet-${o.first}.log`));
+  proc.stdout?.pipe(log, { end: false });
+  let tail = '';
+  await new Promise<void>((resolve, reject) => {
+    proc.stderr?.on('data', (d: Buffer) => {
+      log.write(d);
+      tail = (tail + d.toString()).slice(-4000);
+      if (/ nodes? ready/.test(tail)) resolve();
+    });
+    proc.once('exit', (c, s) => reject(new Error(`fleet process sim-${o.first} exited (${s ?? c}) before it was ready: ${tail}`)));
+  });
+  return { proc, first: o.first, nodes: o.nodes };
+}
+
+async function stopProcess(p: ChildProcess, graceMs: number): Promise<void> {
+  if (p.exitCode !== null || p.signalCode !== null) return;
+  const gone = new Promise((r) => p.once('exit', r));
+  p.kill('SIGTERM');
+  const t = setTimeout(() => p.kill('SIGKILL'), graceMs);
+  await gone;
+  clearTimeout(t);
+}
+
+async function startFleet(o: { url: string; home: string; logDir: string; first: number; nodes: number; perProcess: number; placement: number; sandboxesPerNode: number; profile?: string }): Promise<Fleet> {
+  const procs: FleetProcess[] = [];
+  const fleet: Fleet = {
+    procs,
+    ids: Array.from({ length: o.nodes }, (_, i) => `sim-${o.first + i}`),
+    stop: async () => {
+      await Promise.all(procs.map((p) => stopProcess(p.proc, 300_000)));
+    },
+  };
+  onCleanup(`fleet sim-${o.first}`, fleet.stop);
+  // The first builds the busybox image in the shared store; the rest find it.
+  const parts: Array<{ first: number; nodes: number }> = [];
+  for (let at = 0; at < o.nodes; at += o.perProcess) parts.push({ first: o.first + at, nodes: Math.min(o.perProcess, o.nodes - at) });
+  const [head, ...rest] = parts;
+  if (head) procs.push(await startFleetProcess({ ...o, ...head }));
+  // Two at a time: each node start is a few JetStream API calls, and 160 at once time out on 2 cores.
+  for (let i = 0; i < rest.length; i += 2) procs.push(...(await Promise.all(rest.slice(i, i + 2).map((p) => startFleetProcess({ ...o, ...p })))));
+  return fleet;
+}
+
+interface Trainer {
+  proc: ChildProcess;
+  call<T>(m: TrainerCommand & { seq: number }): Promise<T>;
+}
+
+async function startTrainers(n: number, url: string): Promise<Trainer[]> {
+  const trainers = await Promise.all(
+    Array.from({ length: n }, async () => {
+      const proc = fork(join(ROOT, 'ops', 'bench', 'scale-trainer.ts'), [], { env: { ...process.env, NATS_URL: url }, execArgv: ['--import', import.meta.resolve('tsx')], stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
+      const waiting = new Map<number, (v: unknown) => void>();
+      let ready: () => void = () => {};
+      const isReady = new Promise<void>((r) => (ready = r));
+      proc.on('message', (m: { ready?: boolean; seq?: number }) => {
+        if (m.ready) ready();
+        else if (m.seq !== undefined) waiting.get(m.seq)?.(m);
+      });
+      const exited = new Promise<never>((_, reject) => proc.once('exit', (c, s) => reject(new Error(`a trainer exited (${s ?? c})`))));
+      exited.catch(() => {});
+      await Promise.race([isReady, exited]);
+      return {
+        proc,
+        call: <T>(m: TrainerCommand & { seq: number }) =>
+          Promise.race([
+            new Promise<T>((resolve) => {
+              waiting.set(m.seq, resolve as (v: unknown) => void);
+              proc.send(m);
+            }),
+            exited,
+          ]),
+      };
+    }),
+  );
+  onCleanup('trainers', async () => {
+    await Promise.all(trainers.map((t) => stopProcess(t.proc, 5000)));
+  });
+  return trainers;
+}
+
+// ─── Readings ───────────────────────────────────────────────────────────────────────────────────
+
+interface Varz {
+  inMsgs: number;
+  outMsgs: number;
+  inBytes: number;
+  outBytes: number;
+}
+
+async function varz(cluster: NatsCluster): Promise<Varz> {
+  const all = await Promise.all(cluster.servers.map(async (s) => (await (await fetch(`${s.monitorUrl}/varz`)).json()) as { in_msgs: number; out_msgs: number; in_bytes: number; out_bytes: number }));
+  return all.reduce((a, v) => ({ inMsgs: a.inMsgs + v.in_msgs, outMsgs: a.outMsgs + v.out_msgs, inBytes: a.inBytes + v.in_bytes, outBytes: a.outBytes + v.out_bytes }), { inMsgs: 0, outMsgs: 0, inBytes: 0, outBytes: 0 });
+}
+
+/** Messages stored in every stream so far (sum of last sequence numbers): each write once, whatever the replicas. */
+async function jsWrites(pdk: Paddock): Promise<number> {
+  const jsm = await jetstreamManager(Paddock.connectionOf(pdk));
+  let n = 0;
+  for await (const s of jsm.streams.list()) n += s.state.last_seq;
+  return n;
+}
+
+async function sumRss(pids: number[]): Promise<number> {
+  let n = 0;
+  for (const p of pids) n += await rssBytes(p).catch(() => 0);
+  return n;
+}
+
+async function sumCpu(pids: number[]): Promise<number> {
+  let n = 0;
+  for (const p of pids) {
+    const c = await cpuSeconds(p).catch(() => ({ self: 0, children: 0 }));
+    n += c.self + c.children;
+  }
+  return n;
+}
+
+// ─── Bursts ─────────────────────────────────────────────────────────────────────────────────────
+
+let seq = 0;
+
+interface Burst {
+  group: string;
+  count: number;
+  created: number;
+  failed: number;
+  errors: Record<string, number>;
+  seconds: number;
+  perSec: number;
+  latencies: number[];
+  nodes: Record<string, number>;
+}
+
+async function burst(trainers: Trainer[], group: string, count: number, concurrency: number, keepEvery: number): Promise<Burst> {
+  const shares = trainers.map((_, i) => Math.floor(count / trainers.length) + (i < count % trainers.length ? 1 : 0));
+  const results = await Promise.all(trainers.map((t, i) => t.call<BurstResult>({ cmd: 'burst', seq: ++seq, group, count: shares[i] as number, concurrency, keepEvery })));
+  const start = Math.min(...results.map((r) => r.startMs));
+  const end = Math.max(...results.map((r) => r.endMs));
+  const errors: Record<string, number> = {};
+  const nodes: Record<string, number> = {};
+  for (const r of results) {
+    for (const [k, v] of Object.entries(r.errors)) {
+      if (errors[k] === undefined) progress(`${group}: ${k}: ${r.samples[k]}`);
+      errors[k] = (errors[k] ?? 0) + v;
+    }
+    for (const [k, v] of Object.entries(r.nodes)) nodes[k] = (nodes[k] ?? 0) + v;
+  }
+  const created = results.reduce((s, r) => s + r.created, 0);
+  const seconds = (end - start) / 1000;
+  return { group, count, created, failed: results.reduce((s, r) => s + r.failed, 0), errors, seconds, perSec: created / seconds, latencies: results.flatMap((r) => r.latencies), nodes };
+}
+
+/** Waits until the node table lists every node of `ids` as serving. */
+async function nodesServing(pdk: Paddock, ids: string[], timeoutMs = 120_000): Promise<void> {
+  const want = new Set(ids);
+  const until = Date.now() + timeoutMs;
+  for (;;) {
+    const seen = new Set((await pdk.nodes.list().catch(() => [])).filter((r) => r.state === 'serving' && Date.now() - r.ts < 3 * r.heartbeatMs).map((r) => r.node));
+    if ([...want].every((id) => seen.has(id))) return;
+    if (Date.now() > until) throw new Error(`only ${[...want].filter((id) => seen.has(id)).length} of ${want.size} nodes serving after ${timeoutMs} ms`);
+    await sleep(500);
+  }
+}
+
+async function signalAll(pids: number[], sig: NodeJS.Signals): Promise<void> {
+  for (const p of pids) {
+    try {
+      process.kill(p, sig);
+    } catch {}
+  }
+}
+
+async function main(): Promise<void> {
+  const o = parseArgs(process.argv.slice(2));
+  cleanUpOnSignals();
+  const dir = await mkdtemp(join(tmpdir(), 'paddock-bench-scale-'));
+  onCleanup('temp dir', () => rm(dir, { recursive: true, force: true }));
+  // With --profile the fleet's logs stay beside the profiles, for reading after the run.
+  const logDir = o.profile ? join(o.profile, 'logs') : join(dir, 'logs');
+  await mkdir(logDir, { recursive: true });
+  if (o.profile) await mkdir(o.profile, { recursive: true });
+  progress(`starting a 3-server NATS cluster (${dir})`);
+  const cluster = await startNatsCluster({ dataDir: join(dir, 'nats'), servers: 3, logDir, monitor: true });
+  onCleanup('NATS cluster', () => cluster.stop());
+  const natsPids = cluster.servers.map((s) => s.proc.pid as number);
+  const home = join(dir, 'home');
+  const pdk = await Paddock.connect({ servers: cluster.url, timeoutMs: 600_000, name: 'bench-scale' });
+  onCleanup('sdk', () => pdk.close().catch(() => {}));
+  const trainers = await startTrainers(o.trainers, cluster.url);
+  const trainerPids = trainers.map((t) => t.proc.pid as number);
+  const fleetOpts = { url: cluster.url, home, logDir, perProcess: o.perProcess, placement: o.placement, sandboxesPerNode: o.sandboxesPerNode, ...(o.profile ? { profile: o.profile } : {}) };
+
+  // ── Slope: the same burst on a few nodes first.
+  let slope: { nodes: number; sandboxes: number; placementsPerSec: number; createP50Ms: number; createP99Ms: number } | undefined;
+  if (o.slope && o.slopeNodes < o.nodes) {
+    const n = Math.min(o.burst, o.slopeNodes * o.sandboxesPerNode);
+    progress(`slope: ${o.slopeNodes} nodes, a burst of ${n}`);
+    const small = await startFleet({ ...fleetOpts, first: 10_000, nodes: o.slopeNodes });
+    await nodesServing(pdk, small.ids);
+    const b = await burst(trainers, 'slope-0', n, o.concurrency, Number.MAX_SAFE_INTEGER);
+    const s = summarize(b.latencies);
+    slope = { nodes: o.slopeNodes, sandboxes: b.created, placementsPerSec: round3(b.perSec), createP50Ms: round3(s.p50), createP99Ms: round3(s.p99) };
+    progress(`slope: ${b.created} in ${fmt(b.seconds, 1)} s = ${fmt(b.perSec, 0)}/s, p50 ${fmt(s.p50, 1)} ms, p99 ${fmt(s.p99, 1)} ms${b.failed ? `, ${b.failed} failed ${JSON.stringify(b.errors)}` : ''}`);
+    await pdk.groups.kill('slope-0');
+    await small.stop();
+  }
+
+  // ── The fleet.
+  progress(`starting ${o.nodes} simulated nodes, ${o.perProcess} per process`);
+  const t0 = performance.now();
+  const fleet = await startFleet({ ...fleetOpts, first: 0, nodes: o.nodes });
+  await nodesServing(pdk, fleet.ids, 300_000);
+  progress(`fleet serving after ${fmt((performance.now() - t0) / 1000, 1)} s`);
+  const fleetPids = fleet.procs.map((p) => p.proc.pid as number);
+  await sleep(2000);
+  const rssIdle = await sumRss(fleetPids);
+
+  // ── Bursts.
+  const keepEvery = 100; // 1% driven with execs
+  const bursts: Burst[] = [];
+  const v0 = await varz(cluster);
+  const js0 = await jsWrites(pdk);
+  const cpu0 = { fleet: await sumCpu(fleetPids), nats: await sumCpu(natsPids), trainers: await sumCpu(trainerPids), host: await hostCpu() };
+  if (o.profile) await signalAll(fleetPids, 'SIGUSR2');
+  const jobs = Math.ceil(o.sandboxes / o.burst);
+  for (let j = 0; j < jobs; j++) {
+    const count = Math.min(o.burst, o.sandboxes - j * o.burst);
+    const b = await burst(trainers, `job-${j}`, count, o.concurrency, keepEvery);
+    bursts.push(b);
+    const s = summarize(b.latencies);
+    const live = bursts.reduce((n, x) => n + x.created, 0);
+    progress(`burst ${j + 1}/${jobs} (job-${j}): ${b.created} in ${fmt(b.seconds, 1)} s = ${fmt(b.perSec, 0)}/s, p50 ${fmt(s.p50, 1)} ms, p99 ${fmt(s.p99, 1)} ms; ${live} live, fleet RSS ${fmt((await sumRss(fleetPids)) / 2 ** 20, 0)} MiB${b.failed ? `; ${b.failed} failed ${JSON.stringify(b.errors)}` : ''}`);
+  }
+  if (o.profile) {
+    await signalAll(fleetPids, 'SIGUSR2');
+    progress(`CPU profiles of the fleet processes during the bursts: ${o.profile}`);
+  }
+  const cpu1 = { fleet: await sumCpu(fleetPids), nats: await sumCpu(natsPids), trainers: await sumCpu(trainerPids), host: await hostCpu() };
+  const v1 = await varz(cluster);
+  const js1 = await jsWrites(pdk);
+  const created = bursts.reduce((n, b) => n + b.created, 0);
+  const burstSeconds = bursts.reduce((n, b) => n + b.seconds, 0);
+  // Heartbeats carry the true count a moment later: the directory of the fleet, not the trainers' tally.
+  await sleep(2500);
+  const live = (await pdk.nodes.list()).filter((r) => fleet.ids.includes(r.node)).reduce((n, r) => n + r.sandboxes, 0);
+  const rss = await sumRss(fleetPids);
+
+  // ── Execs on 1%.
+  progress('execs on 1% of the sandboxes');
+  const ex = await Promise.all(trainers.map((t) => t.call<ExecResult>({ cmd: 'exec', seq: ++seq, concurrency: 64 })));
+  const exLat = summarize(ex.flatMap((r) => r.latencies));
+  const exOk = ex.reduce((n, r) => n + r.ok, 0);
+  const exFailed = ex.reduce((n, r) => n + r.failed, 0);
+  const exErrors: Record<string, number> = {};
+  for (const r of ex) for (const [k, v] of Object.entries(r.errors)) exErrors[k] = (exErrors[k] ?? 0) + v;
+  if (exFailed > 0) progress(`${exFailed} execs failed: ${JSON.stringify(exErrors)}`);
+  const exSec = (Math.max(...ex.map((r) => r.endMs)) - Math.min(...ex.map((r) => r.startMs))) / 1000;
+
+  // ── Group pause and resume of one job.
+  const job = bursts[0] as Burst;
+  progress(`group pause and resume of ${job.group} (${job.created} sandboxes on ${Object.keys(job.nodes).length} nodes)`);
+  let t = performance.now();
+  const paused = await pdk.groups.pause(job.group);
+  const pauseMs = performance.now() - t;
+  t = performance.now();
+  const resumed = await pdk.groups.resume(job.group);
+  const resumeMs = performance.now() - t;
+  progress(`pause ${fmt(pauseMs, 0)} ms (${paused.ok}/${paused.total}, ${paused.unreachable.length} nodes unreachable), resume ${fmt(resumeMs, 0)} ms (${resumed.ok}/${resumed.total})`);
+
+  // ── Kill everything.
+  progress('killing every job (group kill)');
+  t = performance.now();
+  const kills = await Promise.all(bursts.map((b) => pdk.groups.kill(b.group)));
+  const killMs = performance.now() - t;
+  const killed = kills.reduce((n, k) => n + k.ok, 0);
+  progress(`killed ${killed} in ${fmt(killMs / 1000, 1)} s`);
+
+  const lat = summarize(bursts.flatMap((b) => b.latencies));
+  const dv = { inMsgs: v1.inMsgs - v0.inMsgs, outMsgs: v1.outMsgs - v0.outMsgs, inBytes: v1.inBytes - v0.inBytes, outBytes: v1.outBytes - v0.outBytes };
+  // The host's busy time over the same span, in CPU seconds (jiffies of all CPUs): what else ran shows as the rest.
+  const hostBusy = (cpu1.host.busy - cpu0.host.busy) / CLK_TCK;
+  const cpu = { fleet: cpu1.fleet - cpu0.fleet, nats: cpu1.nats - cpu0.nats, trainers: cpu1.trainers - cpu0.trainers, host: hostBusy };
+  const spread = Object.values(bursts.reduce<Record<string, number>>((a, b) => {
+    for (const [k, v] of Object.entries(b.nodes)) a[k] = (a[k] ?? 0) + v;
+    return a;
+  }, {}));
+  const result = {
+    nodes: o.nodes,
+    live,
+    created,
+    failed: bursts.reduce((n, b) => n + b.failed, 0),
+    placementsPerSec: round3(created / burstSeconds),
+    perBurst: bursts.map((b) => round3(b.perSec)),
+    createP50Ms: round3(lat.p50),
+    createP99Ms: round3(lat.p99),
+    rssBytesPerSandbox: Math.round(rss / Math.max(1, live)),
+    rssMarginalBytesPerSandbox: Math.round((rss - rssIdle) / Math.max(1, live)),
+    fleetRssBytes: rss,
+    fleetRssIdleBytes: rssIdle,
+    msgsPerCreate: round3((dv.inMsgs + dv.outMsgs) / created),
+    natsInMsgsPerCreate: round3(dv.inMsgs / created),
+    natsOutMsgsPerCreate: round3(dv.outMsgs / created),
+    bytesPerCreate: Math.round((dv.inBytes + dv.outBytes) / created),
+    jsWritesPerCreate: round3((js1 - js0) / created),
+    groupPause32kMs: Math.round(pauseMs),
+    groupResume32kMs: Math.round(resumeMs),
+    groupJob: job.created,
+    groupKillAllMs: Math.round(killMs),
+    exec: { n: exOk, failed: exFailed, p50Ms: round3(exLat.p50), p99Ms: round3(exLat.p99), perSec: round3(exOk / exSec) },
+    perNode: { min: Math.min(...spread), max: Math.max(...spread), nodesUsed: spread.length },
+    cpuSecondsDuringBursts: { fleet: round3(cpu.fleet), nats: round3(cpu.nats), trainers: round3(cpu.trainers), host: round3(cpu.host), burstSeconds: round3(burstSeconds) },
+    cpuMsPerCreate: { fleet: round3((1000 * cpu.fleet) / created), nats: round3((1000 * cpu.nats) / created), trainers: round3((1000 * cpu.trainers) / created) },
+    shape: { trainers: o.trainers, concurrencyPerTrainer: o.concurrency, perProcess: o.perProcess, fleetProcesses: fleet.procs.length, placementReplicas: fleet.procs.length * o.placement, burst: o.burst },
+    slope: slope ? { ...slope, fullNodes: o.nodes, fullPlacementsPerSec: round3(created / burstSeconds), ratio: round3(created / burstSeconds / slope.placementsPerSec) } : undefined,
+  };
+  const cores = (s: number) => `${fmt(s / burstSeconds, 2)} cores`;
+  process.stdout.write(
+    `${table([
+      ['measure', 'value', 'target'],
+      ['live sandboxes on nodes', `${live} on ${o.nodes}`, `${TARGETS.live} on ${TARGETS.nodes}`],
+      ['placements/s sustained (per burst)', `${fmt(result.placementsPerSec, 0)} (${result.perBurst.map((x) => fmt(x, 0)).join(', ')})`, `≥ ${TARGETS.placementsPerSec}`],
+      ['create p50 / p99 ms', `${fmt(lat.p50, 1)} / ${fmt(lat.p99, 1)}`, `p99 ≤ ${TARGETS.createP99Ms}`],
+      ['fleet RSS per live sandbox (idle fleet RSS)', `${fmt(result.rssBytesPerSandbox / 1024, 1)} KiB (${fmt(rssIdle / 2 ** 20, 0)} MiB)`, `≤ ${TARGETS.rssBytesPerSandbox / 1024} KiB`],
+      ['marginal RSS per sandbox', `${fmt(result.rssMarginalBytesPerSandbox / 1024, 1)} KiB`, '—'],
+      ['NATS msgs per create (in + out, 3 servers)', `${fmt(result.msgsPerCreate, 1)} (${fmt(result.natsInMsgsPerCreate, 1)} + ${fmt(result.natsOutMsgsPerCreate, 1)})`, '—'],
+      ['NATS bytes per create', `${result.bytesPerCreate}`, '—'],
+      ['JetStream writes per create', fmt(result.jsWritesPerCreate, 2), '—'],
+      [`group pause / resume of ${job.created}`, `${result.groupPause32kMs} / ${result.groupResume32kMs} ms`, `pause ≤ ${TARGETS.groupPauseMs}`],
+      ['group kill of everything', `${fmt(killMs / 1000, 1)} s`, '—'],
+      [`exec on 1% (${exOk} ok, ${exFailed} failed) p50 / p99 ms`, `${fmt(exLat.p50, 1)} / ${fmt(exLat.p99, 1)}`, '—'],
+      ['sandboxes per node min / max', `${result.perNode.min} / ${result.perNode.max} (${result.perNode.nodesUsed} nodes)`, '—'],
+      ['CPU during bursts: fleet / NATS / trainers / whole host', `${cores(cpu.fleet)} / ${cores(cpu.nats)} / ${cores(cpu.trainers)} / ${cores(cpu.host)}`, '2 cores here'],
+      ['CPU ms per create: fleet / NATS / trainers', `${fmt(result.cpuMsPerCreate.fleet, 2)} / ${fmt(result.cpuMsPerCreate.nats, 2)} / ${fmt(result.cpuMsPerCreate.trainers, 2)}`, `${fmt(2000 / TARGETS.placementsPerSec, 2)} in all for the target on 2 cores`],
+      ...(slope ? [[`placements/s at ${slope.nodes} nodes → ${o.nodes}`, `${fmt(slope.placementsPerSec, 0)} → ${fmt(result.placementsPerSec, 0)} (×${fmt(result.slope?.ratio ?? Number.NaN, 2)})`, '—']] : []),
+    ])}\n`,
+  );
+  if (o.json) process.stdout.write(`${JSON.stringify(result)}\n`);
+  await Promise.all(trainers.map((tr) => tr.call({ cmd: 'exit', seq: ++seq }).catch(() => {})));
+}
+
+runMain(async () => {
+  try {
+    await main();
+  } finally {
+    await cleanUp();
+  }
+});
