@@ -25,6 +25,7 @@ import {
   parseGroupSubject,
   type Reply,
   requireRecord,
+  type SandboxInfo,
   type SandboxSpec,
   scanKv,
   subjects,
@@ -46,6 +47,13 @@ const MAX_TRIES = 3;
 const NODE_CREATE_TIMEOUT_MS = 120_000;
 /** Pause and resume of 3,200 sandboxes take ~1 s; killing as many takes minutes (crun delete each). */
 const GROUP_TIMEOUT_MS = 600_000;
+/** A node silent this long (and ten heartbeats) is lost: its sandboxes are marked failed, `node_lost`. */
+const LOST_AFTER_MS = 15_000;
+/** How often replicas look for lost nodes. */
+const LOST_SWEEP_MS = 2000;
+/** Sandbox states that have ended: a lost node's records in them stay as they are. */
+const ENDED = new Set(['stopped', 'failed']);
+
 /** A bridge state older than this is a bridge gone: creates then fail at once as without one. */
 const BRIDGE_STALE_MS = 3000;
 /** While creates wait, the demand they make is published this often (the bridge forgets a silent replica). */
@@ -90,6 +98,9 @@ export class PlacementHost {
   private bridge?: BridgeState;
   private demandTimer?: NodeJS.Timeout;
   private readonly replica = newSandboxId().replace(/^sb-/, 'pl-');
+  /** Each node record's revision, from the watch: a lost node is claimed by updating it at that revision. */
+  private readonly revisions = new Map<string, number>();
+  private lostTimer?: NodeJS.Timeout;
 
   constructor(
     private readonly nc: NatsConnection,
@@ -113,6 +124,7 @@ export class PlacementHost {
     void (async () => {
       for await (const e of watch) {
         if (e.operation === 'PUT') {
+          this.revisions.set(e.key, e.revision);
           try {
             this.actor.send({ type: 'NODE_SEEN', record: decode(e.value) as NodeRecord });
           } catch (err) {
@@ -120,9 +132,14 @@ export class PlacementHost {
           }
           // A node that joined or freed room may take what waits.
           if (this.waiting.length > 0) this.kick();
-        } else this.actor.send({ type: 'NODE_GONE', node: e.key });
+        } else {
+          this.revisions.delete(e.key);
+          this.actor.send({ type: 'NODE_GONE', node: e.key });
+        }
       }
     })();
+    this.lostTimer = setInterval(() => void this.sweepLost().catch((err: unknown) => this.log.warn({ err }, 'looking for lost nodes failed')), LOST_SWEEP_MS);
+    this.lostTimer.unref();
     const bridgeSub = this.nc.subscribe(subjects.bridgeState, {
       callback: (_e, m) => {
         try {
@@ -372,7 +389,39 @@ export class PlacementHost {
     return reply;
   }
 
+  /**
+   * A node that stopped heartbeating without stopping (SIGKILL, its host gone) leaves records
+   * that say `running`. One replica — the one whose update of the node's record at the revision
+   * it watched succeeds — marks them failed with `node_lost`. A node that comes back republishes
+   * its sandboxes' true states over these (node-host `reconnected`); one restarted under its id
+   * marks them `node_restarted`.
+   */
+  private async sweepLost(): Promise<void> {
+    const now = Date.now();
+    for (const r of Object.values(this.actor.getSnapshot().context.nodes)) {
+      if (r.lostAt !== undefined || now - r.ts < Math.max(LOST_AFTER_MS, 10 * r.heartbeatMs)) continue;
+      const rev = this.revisions.get(r.node);
+      if (rev === undefined) continue;
+      try {
+        await this.nodes.update(r.node, encode({ ...r, lostAt: now }), rev);
+      } catch {
+        continue; // another replica took it, or the node beat again
+      }
+      const kv = await this.directory.directory();
+      const gone = (await scanKv<SandboxInfo>(kv)).filter((e) => e.value.node === r.node && !ENDED.has(e.value.state));
+      const silent = Math.round((now - r.ts) / 1000);
+      for (const { key, value } of gone) {
+        const ended: SandboxInfo = { ...value, state: 'failed', reason: 'node_lost', endedAt: now, error: { code: 'BACKEND_FAILED', message: `node ${r.node} stopped answering (no heartbeat for ${silent} s): the sandbox is lost with it`, retryable: false } };
+        const rec = encode(ended);
+        await kv.put(key, rec);
+        this.nc.publish(subjects.event(key, 'failed'), rec);
+      }
+      this.log.warn({ node: r.node, silentSec: silent, sandboxes: gone.length }, 'node lost: its sandboxes are marked failed');
+    }
+  }
+
   stop(): void {
+    if (this.lostTimer) clearInterval(this.lostTimer);
     for (const w of [...this.waiting]) this.fail(w, 'the placement replica is stopping');
     for (const s of this.subs) s.unsubscribe();
     this.directory.stop();

@@ -147,6 +147,8 @@ export interface NodeRecord {
   placement?: boolean;
   /** FnCall on this node: the languages it has images for, and its load. */
   fn?: { languages: FnLanguage[]; running: number; queued: number };
+  /** Set by the placement replica that found the node silent and marked its sandboxes `node_lost`; gone with its next heartbeat. */
+  lostAt?: number;
 }
 
 export interface BackendOffer {

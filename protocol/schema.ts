@@ -29,7 +29,7 @@ export const IdleActions = ['pause', 'hibernate', 'kill'] as const;
 export type IdleAction = (typeof IdleActions)[number];
 export const QosClasses = ['ls', 'be'] as const;
 export type QosClass = (typeof QosClasses)[number];
-export const EndReasons = ['killed', 'ttl', 'idle', 'create_failed', 'node_restarted', 'crashed'] as const;
+export const EndReasons = ['killed', 'ttl', 'idle', 'create_failed', 'node_restarted', 'node_lost', 'crashed'] as const;
 export type EndReason = (typeof EndReasons)[number];
 
 /**

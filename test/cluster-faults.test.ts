@@ -119,3 +119,30 @@ test.serial('SIGKILL of one NATS server of three during a create burst: every cr
     await pdk.close();
   }
 });
+
+test.serial('SIGKILL of a node process: its sandboxes are marked failed, node_lost, and creates go on elsewhere', async (t) => {
+  const { nats, nodes } = t.context;
+  const pdk = await Paddock.connect({ servers: nats.url, timeoutMs: 60_000 });
+  try {
+    const sbs = await Promise.all(Array.from({ length: 40 }, (_, i) => pdk.sandboxes.create({ backend: 'sim', group: 'lost', node: (nodes[i % 2] as NodeProcess).id })));
+    const victim = nodes[1] as NodeProcess;
+    const theirs = sbs.filter((s) => s.info.node === victim.id).map((s) => s.id);
+    t.is(theirs.length, 20);
+    victim.proc.kill('SIGKILL');
+    await victim.exited;
+    const marked = await eventually(async () => {
+      const l = await pdk.sandboxes.list({ group: 'lost', all: true });
+      const lost = l.filter((s) => theirs.includes(s.id) && s.state === 'failed' && s.reason === 'node_lost');
+      return lost.length === theirs.length ? l : undefined;
+    }, 90_000);
+    t.truthy(marked, "every sandbox of the killed node is marked node_lost");
+    const mine = (marked ?? []).filter((s) => !theirs.includes(s.id));
+    t.true(mine.every((s) => s.state === 'running'), 'the other node\'s sandboxes run on');
+    t.regex((marked ?? []).find((s) => s.reason === 'node_lost')?.error?.message ?? '', /stopped answering/);
+    const after = await pdk.sandboxes.create({ backend: 'sim', group: 'lost' });
+    t.is(after.info.node, (nodes[0] as NodeProcess).id);
+    await pdk.groups.kill('lost');
+  } finally {
+    await pdk.close();
+  }
+});
