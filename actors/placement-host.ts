@@ -210,7 +210,10 @@ export class PlacementHost {
       return this.enqueue(id, spec, waitForCapacityMs);
     }
     const r = await this.attempt(id, spec, ranking.nodes);
-    if ('result' in r) return r.result;
+    if ('result' in r) {
+      if (spec.group) this.actor.send({ type: 'PLACED', group: spec.group, node: r.result.sandbox.node });
+      return r.result;
+    }
     if (!this.bridgePromises(waitForCapacityMs)) throw new ProtocolError('NO_CAPACITY', `no node could admit the sandbox (${r.refusals.join('; ')})${this.bridgeWhy()}`);
     return this.enqueue(id, spec, waitForCapacityMs);
   }
@@ -365,7 +368,9 @@ export class PlacementHost {
   private async group(subject: string): Promise<GroupReply> {
     const { group, verb } = validateNodeGroup(parseGroupSubject(subject) ?? {});
     const started = performance.now();
-    await this.reload();
+    // The watched table, not a read of every node record per call: with hundreds of nodes that
+    // read was the call's cost. Only an empty table (a replica just started) is read afresh.
+    if (Object.keys(this.actor.getSnapshot().context.nodes).length === 0) await this.reload(CREATE_RELOAD_MS);
     const now = Date.now();
     const nodes = Object.values(this.actor.getSnapshot().context.nodes).filter((r) => isLive(r, now) || r.state === 'draining');
     const reply: GroupReply = { group, verb, total: 0, ok: 0, failed: [], unreachable: [], releasedBytes: 0, durationMs: 0 };

@@ -142,6 +142,7 @@ export const SandboxSpec = Type.Object(
     cwd: Type.Optional(AbsPath('default working directory for exec')),
     group: Type.Optional(Token('training job this sandbox belongs to')),
     node: Type.Optional(Token('pin to a node (placement skips scoring)', 'must be a node id')),
+    placement: Type.Optional(literals(['spread', 'pack'] as const, { errorMessage: 'must be spread or pack, got {value}', description: "how a group's sandboxes are placed: `spread` over the nodes (the default: losing a node loses few of the job) or `pack` onto as few nodes as fit (they share a node's image cache, and whole nodes free up when the job ends)" })),
     idleTimeoutSec: Type.Optional(Type.Number({ ...range(Limits.idleTimeoutSec), description: 'no exec or file call for this long → `idleAction`; absent: never idles out' })),
     idleAction: literals(IdleActions, { default: 'pause', errorMessage: `must be one of ${IdleActions.join(', ')}, got {value}` }),
     qos: literals(QosClasses, { default: 'ls', errorMessage: `must be one of ${QosClasses.join(', ')}, got {value}`, description: '`ls` latency-sensitive or `be` best-effort (SCHED_IDLE, low weight)' }),

@@ -3,7 +3,7 @@ import test from 'ava';
 import { createActor, fromPromise, SimulatedClock } from 'xstate';
 import { admissionState, nodeMachine, pickVictims, refusal, underPressure } from '../actors/node.ts';
 import { judge } from '../runtime/pressure.ts';
-import { isLive, type PlacementContext, rank } from '../actors/placement.ts';
+import { isLive, type PlacementContext, rank, SAMPLE_K } from '../actors/placement.ts';
 import { allows, publicState, sandboxMachine } from '../actors/sandbox.ts';
 import { type NodeRecord, SandboxVerbs, SandboxVerbTable, validateSpec } from '../protocol/index.ts';
 
@@ -378,4 +378,30 @@ test('pressure: thresholds with hysteresis', (t) => {
   t.is(judge({ availableMiB: 1100, psiAvg10: 0 }, c), 'hold');
   t.is(judge({ availableMiB: 5000, psiAvg10: 15 }, c), 'hold');
   t.is(judge({ availableMiB: 5000, psiAvg10: null }, c), 'relieved');
+});
+
+test('placement: a group spreads over nodes or packs onto the fullest that fits, by what this replica placed', (t) => {
+  const now = 1_000_500;
+  const ctx: PlacementContext = { nodes: { a: rec('a'), b: rec('b'), c: rec('c') }, pending: {}, groups: { job: { a: 2, b: 1 } } };
+  t.deepEqual(rank(ctx, validateSpec({ group: 'job' }), now).nodes, ['c', 'b', 'a']);
+  t.deepEqual(rank(ctx, validateSpec({ group: 'job', placement: 'pack' }), now).nodes, ['a', 'b', 'c']);
+  // pack stops at a node that no longer fits: it goes last, whatever it holds.
+  const full: PlacementContext = { ...ctx, nodes: { ...ctx.nodes, a: rec('a', { allocated: { cpu: 32, memoryMiB: 0, sandboxes: 2 }, sandboxes: 2 }) } };
+  t.deepEqual(rank(full, validateSpec({ group: 'job', placement: 'pack' }), now).nodes, ['b', 'c', 'a']);
+  t.throws(() => validateSpec({ placement: 'random' }), { message: /spread or pack/ });
+});
+
+test('placement: past 2 × K nodes only K are scored, and a fit outside the sample is still found', (t) => {
+  const now = 1_000_500;
+  const nodes: Record<string, NodeRecord> = {};
+  for (let i = 0; i < 100; i++) nodes[`n${i}`] = rec(`n${i}`, { allocated: { cpu: 32, memoryMiB: 0, sandboxes: 0 } });
+  nodes.n77 = rec('n77');
+  const ctx: PlacementContext = { nodes, pending: {} };
+  const r = rank(ctx, validateSpec({}), now);
+  t.is(r.nodes[0], 'n77', 'the one node with room, though the sample missed it (or found it)');
+  const roomy: PlacementContext = { nodes: Object.fromEntries(Object.keys(nodes).map((k) => [k, rec(k)])), pending: {} };
+  t.is(rank(roomy, validateSpec({}), now).nodes.length, SAMPLE_K);
+  // Samples differ from create to create: the load goes over the fleet, not onto one node.
+  const firsts = new Set(Array.from({ length: 50 }, () => rank(roomy, validateSpec({}), now).nodes[0]));
+  t.true(firsts.size > 10);
 });
