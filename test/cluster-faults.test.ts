@@ -4,9 +4,12 @@
  * error, and the directory and the nodes agree on which sandboxes live. Sandboxes are simulated
  * (the fault is in NATS, not in the backend); nodes, placement and the SDK are the real ones.
  */
+import { execFile } from 'node:child_process';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { promisify } from 'node:util';
 import type { TestFn } from 'ava';
 import anyTest from 'ava';
 import { startNode, type NodeProcess } from '../ops/local.ts';
@@ -15,6 +18,8 @@ import { decode, encode, type Reply, subjects } from '../protocol/index.ts';
 import { Paddock, PaddockError } from '../sdk/index.ts';
 import { SHARED_IMAGES } from './helpers/paths.ts';
 import { eventually } from './helpers/wait.ts';
+
+const run = promisify(execFile);
 
 interface Ctx {
   home: string;
@@ -115,6 +120,12 @@ test.serial('SIGKILL of one NATS server of three during a create burst: every cr
     t.is(new Set(onNodes).size, onNodes.length, 'no sandbox runs on two nodes');
     t.deepEqual([...onNodes].sort(), [...made].sort(), 'the nodes run exactly the sandboxes made');
     await pdk.groups.kill('burst');
+
+    // What `paddock status` says of the cluster: its size, and three replicas of every bucket.
+    const { stdout } = await run(process.execPath, [fileURLToPath(new URL('../ops/bin/paddock.js', import.meta.url)), '--nats', nats.url, 'status'], { env: { ...process.env, PADDOCK_HOME: join(t.context.home, 'cli') } });
+    t.regex(stdout, /cluster paddock of 3 servers/);
+    for (const stream of ['KV_pdk_sandboxes', 'KV_pdk_nodes', 'KV_pdk_rollouts', 'PDK_CHRONUS']) t.regex(stdout, new RegExp(`replicas: .*${stream} 3`));
+    t.notRegex(stdout, /fewer than/);
   } finally {
     await pdk.close();
   }

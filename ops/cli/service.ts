@@ -8,7 +8,9 @@ import { closeSync, existsSync, openSync, readdirSync, readSync, statSync } from
 import { constants } from 'node:os';
 import { join } from 'node:path';
 import { DEFAULT_HOME, logsDir } from '../../protocol/discovery.ts';
-import type { NodeRecord } from '../../protocol/index.ts';
+import { jetstreamManager } from '@nats-io/jetstream';
+import type { NatsConnection } from '@nats-io/transport-node';
+import { Buckets, type NodeRecord, replicasFor, Streams } from '../../protocol/index.ts';
 import { Paddock } from '../../sdk/index.ts';
 import { nodeCommand } from '../launch.ts';
 import { alive, readUpRecord, UpError, up } from '../up.ts';
@@ -69,6 +71,18 @@ async function find(g: GlobalFlags): Promise<Found> {
   return { pdk, nodes: [...byNode.values()].sort((a, b) => a.node.localeCompare(b.node)) };
 }
 
+/** The replicas of each of Paddock's JetStream streams that exist (none when JetStream cannot be asked). */
+async function streamReplicas(nc: NatsConnection): Promise<Array<{ stream: string; replicas: number }>> {
+  try {
+    const jsm = await jetstreamManager(nc, { timeout: 3000 });
+    const names = [...Object.values(Buckets).map((b) => `KV_${b}`), ...Object.values(Streams)];
+    const infos = await Promise.all(names.map((n) => jsm.streams.info(n).catch(() => null)));
+    return infos.flatMap((i) => (i ? [{ stream: i.config.name, replicas: i.config.num_replicas }] : []));
+  } catch {
+    return [];
+  }
+}
+
 /** Homes of the live nodes; $PADDOCK_HOME (or the default) when NATS names none. */
 function homesOf(f: Found): string[] {
   const homes = [...new Set(f.nodes.map((r) => r.home).filter((h): h is string => typeof h === 'string'))];
@@ -91,7 +105,10 @@ export async function status(a: Args): Promise<number> {
       return 1;
     }
     const nc = Paddock.connectionOf(f.pdk);
-    out(`NATS:       ${nc.getServer()} (nats-server ${nc.info?.version ?? '?'}${nc.info?.jetstream ? ', JetStream' : ''})`);
+    out(`NATS:       ${nc.getServer()} (nats-server ${nc.info?.version ?? '?'}${nc.info?.jetstream ? ', JetStream' : ''}${nc.info?.cluster ? `; cluster ${nc.info.cluster} of ${nc.info.connect_urls?.length ?? '?'} servers` : ''})`);
+    const streams = await streamReplicas(nc);
+    const wanted = replicasFor(nc.info);
+    if (streams.length > 0) out(`replicas:   ${streams.map((s) => `${s.stream} ${s.replicas}`).join(', ')}${streams.some((s) => s.replicas < wanted) ? ` — fewer than ${wanted}: see the node log's warning to raise them` : ''}`);
     const placement = f.nodes.filter((r) => r.placement !== false).map((r) => r.node);
     out(`placement:  ${placement.length} replica(s)${placement.length ? ` (in ${placement.join(', ')})` : ''}`);
     const gateways = ups.flatMap((u) => (u.up?.http ? [`http://${u.up.http}/ (in paddock up, pid ${u.up.pid})`] : []));
