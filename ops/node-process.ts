@@ -22,6 +22,7 @@ import { ContainerBackend } from '../runtime/container/index.ts';
 import { FnService } from '../runtime/fncall/service.ts';
 import { NodeImages } from '../runtime/images/node-images.ts';
 import { MicrovmBackend } from '../runtime/microvm/index.ts';
+import type { MemoryReading } from '../runtime/pressure.ts';
 import { type NodeMetrics, startNodeMetrics } from './metrics.ts';
 
 export interface NodeProcessOptions {
@@ -43,6 +44,8 @@ export interface NodeProcessOptions {
   chronus?: ChronusConfig;
   /** Names the NATS connection (default `paddock-node-<id>`). */
   connectionName?: string;
+  /** The host's memory gauge the pressure watch reads (default: /proc/meminfo and PSI, read per node). */
+  readMemory?: () => Promise<MemoryReading>;
 }
 
 /** A node's parts, opened in order; `stop` closes what was opened, in reverse. */
@@ -128,7 +131,7 @@ export class NodeProcess {
     }
 
     const inspect = this.o.inspect ?? transitionInspector(log);
-    const host = new NodeHost({ nc, directory, nodes, backends: this.backends, images: this.images, journal: this.journal, fn: this.fn, cfg, log, inspect });
+    const host = new NodeHost({ nc, directory, nodes, backends: this.backends, images: this.images, journal: this.journal, fn: this.fn, cfg, log, inspect, ...(this.o.readMemory ? { readMemory: this.o.readMemory } : {}) });
     this.host = host;
     await host.start();
     if (cfg.placement) {

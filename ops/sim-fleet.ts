@@ -15,6 +15,7 @@ import type { Logger } from 'pino';
 import { Semaphore } from '../runtime/limit.ts';
 import { loadConfig, type NodeConfig } from '../runtime/config.ts';
 import { NodeImages } from '../runtime/images/node-images.ts';
+import { type MemoryReading, readMemory } from '../runtime/pressure.ts';
 import { NodeProcess } from './node-process.ts';
 
 /** The reference system's node: ~190 cores and 1.5 TiB of memory. */
@@ -63,6 +64,19 @@ export function simNodeEnv(o: SimFleetOptions, i: number): NodeJS.ProcessEnv {
   };
 }
 
+/**
+ * One reading of the host's memory for every node of the process, at most every half second: the
+ * pressure watch of each node reads it every second, and 40 nodes were 80 file reads a second of
+ * the same two files.
+ */
+function sharedMemoryGauge(): () => Promise<MemoryReading> {
+  let last: { at: number; reading: Promise<MemoryReading> } | undefined;
+  return () => {
+    if (!last || Date.now() - last.at > 500) last = { at: Date.now(), reading: readMemory() };
+    return last.reading;
+  };
+}
+
 export class SimFleet {
   readonly nodes: NodeProcess[] = [];
   private images?: NodeImages;
@@ -91,9 +105,10 @@ export class SimFleet {
     // and 160 layer daemons would be 160 HTTP servers and 160 child processes doing nothing.
     this.images = new NodeImages(first, log.child({ part: 'images' }), { layers: false });
     await this.images.start();
+    const gauge = sharedMemoryGauge();
     const startNode = async (i: number) => {
       const cfg = cfgs[i] as NodeConfig;
-      const node = new NodeProcess(cfg, log.child({ node: cfg.nodeId }), { env: envs[i], images: this.images, metrics: false });
+      const node = new NodeProcess(cfg, log.child({ node: cfg.nodeId }), { env: envs[i], images: this.images, metrics: false, readMemory: gauge });
       this.nodes.push(node);
       await node.start();
     };

@@ -67,6 +67,14 @@ async function main(): Promise<void> {
           const t = performance.now();
           try {
             const sb = await pdk.sandboxes.create({ backend: 'sim', group: m.group });
+            // A create answered with a sandbox that is not running is no placement, whatever the answer says.
+            if (sb.info.state !== 'running') {
+              const k = `answered ${sb.info.state}${sb.info.reason ? ` (${sb.info.reason})` : ''}`;
+              r.failed++;
+              r.errors[k] = (r.errors[k] ?? 0) + 1;
+              r.samples[k] ??= `${sb.id} on ${sb.info.node}`;
+              return;
+            }
             r.latencies.push(performance.now() - t);
             r.created++;
             r.nodes[sb.info.node] = (r.nodes[sb.info.node] ?? 0) + 1;

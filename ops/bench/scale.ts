@@ -293,17 +293,28 @@ async function main(): Promise<void> {
   const fleetOpts = { url: cluster.url, home, logDir, perProcess: o.perProcess, placement: o.placement, sandboxesPerNode: o.sandboxesPerNode, ...(o.profile ? { profile: o.profile } : {}) };
 
   // ── Slope: the same burst on a few nodes first.
-  let slope: { nodes: number; sandboxes: number; placementsPerSec: number; createP50Ms: number; createP99Ms: number } | undefined;
+  let slope: { nodes: number; sandboxes: number; placementsPerSec: number; createP50Ms: number; createP99Ms: number; cpuMsPerCreate: { fleet: number; nats: number }; hostBusyCores: number } | undefined;
   if (o.slope && o.slopeNodes < o.nodes) {
     // At most 10,000: the rate settles within a few thousand, and the phase is only the reference.
     const n = Math.min(o.burst, 10_000, o.slopeNodes * o.sandboxesPerNode);
     progress(`slope: ${o.slopeNodes} nodes, a burst of ${n}`);
     const small = await startFleet({ ...fleetOpts, first: 10_000, nodes: o.slopeNodes });
     await nodesServing(pdk, small.ids);
+    const pids = small.procs.map((p) => p.proc.pid as number);
+    const c0 = { fleet: await sumCpu(pids), nats: await sumCpu(natsPids), host: await hostCpu() };
     const b = await burst(trainers, 'slope-0', n, o.concurrency, Number.MAX_SAFE_INTEGER);
+    const c1 = { fleet: await sumCpu(pids), nats: await sumCpu(natsPids), host: await hostCpu() };
     const s = summarize(b.latencies);
-    slope = { nodes: o.slopeNodes, sandboxes: b.created, placementsPerSec: round3(b.perSec), createP50Ms: round3(s.p50), createP99Ms: round3(s.p99) };
-    progress(`slope: ${b.created} in ${fmt(b.seconds, 1)} s = ${fmt(b.perSec, 0)}/s, p50 ${fmt(s.p50, 1)} ms, p99 ${fmt(s.p99, 1)} ms${b.failed ? `, ${b.failed} failed ${JSON.stringify(b.errors)}` : ''}`);
+    slope = {
+      nodes: o.slopeNodes,
+      sandboxes: b.created,
+      placementsPerSec: round3(b.perSec),
+      createP50Ms: round3(s.p50),
+      createP99Ms: round3(s.p99),
+      cpuMsPerCreate: { fleet: round3((1000 * (c1.fleet - c0.fleet)) / b.created), nats: round3((1000 * (c1.nats - c0.nats)) / b.created) },
+      hostBusyCores: round3((c1.host.busy - c0.host.busy) / CLK_TCK / b.seconds),
+    };
+    progress(`slope: ${b.created} in ${fmt(b.seconds, 1)} s = ${fmt(b.perSec, 0)}/s, p50 ${fmt(s.p50, 1)} ms, p99 ${fmt(s.p99, 1)} ms, CPU ms per create fleet ${fmt(slope.cpuMsPerCreate.fleet, 2)} NATS ${fmt(slope.cpuMsPerCreate.nats, 2)}, host ${fmt(slope.hostBusyCores, 2)} cores busy${b.failed ? `, ${b.failed} failed ${JSON.stringify(b.errors)}` : ''}`);
     await pdk.groups.kill('slope-0');
     await small.stop();
   }
@@ -317,6 +328,11 @@ async function main(): Promise<void> {
   const fleetPids = fleet.procs.map((p) => p.proc.pid as number);
   await sleep(2000);
   const rssIdle = await sumRss(fleetPids);
+  // What the fleet costs doing nothing: heartbeats, pressure watches, the placement replicas' watches.
+  const idle0 = { fleet: await sumCpu(fleetPids), nats: await sumCpu(natsPids) };
+  await sleep(10_000);
+  const idle = { fleet: ((await sumCpu(fleetPids)) - idle0.fleet) / 10, nats: ((await sumCpu(natsPids)) - idle0.nats) / 10 };
+  progress(`idle fleet: ${fmt(idle.fleet, 2)} cores in the fleet, ${fmt(idle.nats, 2)} in NATS; RSS ${fmt(rssIdle / 2 ** 20, 0)} MiB`);
 
   // ── Creates at low load: the latency of one create when nothing queues (a few in flight).
   const probe = await burst(trainers.slice(0, 1), 'probe', 500, 8, Number.MAX_SAFE_INTEGER);
@@ -423,6 +439,7 @@ async function main(): Promise<void> {
     exec: { n: exOk, failed: exFailed, p50Ms: round3(exLat.p50), p99Ms: round3(exLat.p99), perSec: round3(exOk / exSec) },
     perNode: { min: Math.min(...spread), max: Math.max(...spread), nodesUsed: spread.length },
     cpuSecondsDuringBursts: { fleet: round3(cpu.fleet), nats: round3(cpu.nats), trainers: round3(cpu.trainers), host: round3(cpu.host), burstSeconds: round3(burstSeconds) },
+    idleCores: { fleet: round3(idle.fleet), nats: round3(idle.nats) },
     cpuMsPerCreate: { fleet: round3((1000 * cpu.fleet) / created), nats: round3((1000 * cpu.nats) / created), trainers: round3((1000 * cpu.trainers) / created) },
     shape: { trainers: o.trainers, concurrencyPerTrainer: o.concurrency, perProcess: o.perProcess, fleetProcesses: fleet.procs.length, placementReplicas: fleet.procs.length * o.placement, burst: o.burst },
     slope: slope ? { ...slope, fullNodes: o.nodes, fullPlacementsPerSec: round3(created / burstSeconds), ratio: round3(created / burstSeconds / slope.placementsPerSec) } : undefined,
@@ -446,7 +463,13 @@ async function main(): Promise<void> {
       ['sandboxes per node min / max', `${result.perNode.min} / ${result.perNode.max} (${result.perNode.nodesUsed} nodes)`, '—'],
       ['CPU during bursts: fleet / NATS / trainers / whole host', `${cores(cpu.fleet)} / ${cores(cpu.nats)} / ${cores(cpu.trainers)} / ${cores(cpu.host)}`, '2 cores here'],
       ['CPU ms per create: fleet / NATS / trainers', `${fmt(result.cpuMsPerCreate.fleet, 2)} / ${fmt(result.cpuMsPerCreate.nats, 2)} / ${fmt(result.cpuMsPerCreate.trainers, 2)}`, `${fmt(2000 / TARGETS.placementsPerSec, 2)} in all for the target on 2 cores`],
-      ...(slope ? [[`placements/s at ${slope.nodes} nodes → ${o.nodes}`, `${fmt(slope.placementsPerSec, 0)} → ${fmt(result.placementsPerSec, 0)} (×${fmt(result.slope?.ratio ?? Number.NaN, 2)})`, '—']] : []),
+      ['idle fleet CPU: fleet / NATS', `${fmt(idle.fleet, 2)} / ${fmt(idle.nats, 2)} cores`, '—'],
+      ...(slope
+        ? [
+            [`placements/s at ${slope.nodes} nodes → ${o.nodes}`, `${fmt(slope.placementsPerSec, 0)} → ${fmt(result.placementsPerSec, 0)} (×${fmt(result.slope?.ratio ?? Number.NaN, 2)})`, '—'],
+            [`CPU ms per create at ${slope.nodes} nodes: fleet / NATS`, `${fmt(slope.cpuMsPerCreate.fleet, 2)} / ${fmt(slope.cpuMsPerCreate.nats, 2)} (host ${fmt(slope.hostBusyCores, 2)} cores busy)`, '—'],
+          ]
+        : []),
     ])}\n`,
   );
   if (o.json) process.stdout.write(`${JSON.stringify(result)}\n`);
