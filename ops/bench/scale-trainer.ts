@@ -78,7 +78,7 @@ async function main(): Promise<void> {
             r.latencies.push(performance.now() - t);
             r.created++;
             r.nodes[sb.info.node] = (r.nodes[sb.info.node] ?? 0) + 1;
-            if (i % m.keepEvery === 0) kept.push(sb);
+            if (m.keepEvery > 0 && i % m.keepEvery === 0) kept.push(sb);
           } catch (err) {
             r.failed++;
             const code = (err as { code?: string }).code ?? (err as Error).message.slice(0, 80);

@@ -302,7 +302,7 @@ async function main(): Promise<void> {
     await nodesServing(pdk, small.ids);
     const pids = small.procs.map((p) => p.proc.pid as number);
     const c0 = { fleet: await sumCpu(pids), nats: await sumCpu(natsPids), host: await hostCpu() };
-    const b = await burst(trainers, 'slope-0', n, o.concurrency, Number.MAX_SAFE_INTEGER);
+    const b = await burst(trainers, 'slope-0', n, o.concurrency, 0);
     const c1 = { fleet: await sumCpu(pids), nats: await sumCpu(natsPids), host: await hostCpu() };
     const s = summarize(b.latencies);
     slope = {
@@ -335,7 +335,7 @@ async function main(): Promise<void> {
   progress(`idle fleet: ${fmt(idle.fleet, 2)} cores in the fleet, ${fmt(idle.nats, 2)} in NATS; RSS ${fmt(rssIdle / 2 ** 20, 0)} MiB`);
 
   // ── Creates at low load: the latency of one create when nothing queues (a few in flight).
-  const probe = await burst(trainers.slice(0, 1), 'probe', 500, 8, Number.MAX_SAFE_INTEGER);
+  const probe = await burst(trainers.slice(0, 1), 'probe', 500, 8, 0);
   const probeLat = summarize(probe.latencies);
   progress(`unloaded: 500 creates at 8 in flight: ${fmt(probe.perSec, 0)}/s, p50 ${fmt(probeLat.p50, 1)} ms, p99 ${fmt(probeLat.p99, 1)} ms`);
   await pdk.groups.kill('probe');
@@ -365,9 +365,13 @@ async function main(): Promise<void> {
   const js1 = await jsWrites(pdk);
   const created = bursts.reduce((n, b) => n + b.created, 0);
   const burstSeconds = bursts.reduce((n, b) => n + b.seconds, 0);
-  // Heartbeats carry the true count a moment later: the directory of the fleet, not the trainers' tally.
-  await sleep(2500);
-  const live = (await pdk.nodes.list()).filter((r) => fleet.ids.includes(r.node)).reduce((n, r) => n + r.sandboxes, 0);
+  // The nodes' own count, from their heartbeats (a few seconds behind on a busy host), not the trainers' tally.
+  const liveNow = async () => (await pdk.nodes.list()).filter((r) => fleet.ids.includes(r.node)).reduce((n, r) => n + r.sandboxes, 0);
+  let live = await liveNow();
+  for (let i = 0; i < 30 && live < created; i++) {
+    await sleep(1000);
+    live = await liveNow();
+  }
   const rss = await sumRss(fleetPids);
 
   // ── Execs on 1%.
