@@ -49,6 +49,16 @@ const NODE_CREATE_TIMEOUT_MS = 120_000;
 const GROUP_TIMEOUT_MS = 600_000;
 /** A node silent this long (and ten heartbeats) is lost: its sandboxes are marked failed, `node_lost`. */
 const LOST_AFTER_MS = 15_000;
+/** How long a silent node has to answer a ping before it is found lost. */
+const LOST_PING_MS = 5000;
+/** Group verbs still try a node whose heartbeat is this old (it may be busy, not gone). */
+const GROUP_STALE_MS = 10 * 60_000;
+/** A node record this recent is tried even when its heartbeat is late (JetStream may be electing). */
+const RECENT_MS = 60_000;
+/** A node create unanswered this long is sent again (idempotent by id: the node answers with the one under way). */
+const NODE_ASK_AGAIN_MS = 10_000;
+/** How long a node that has no responders is asked again (it may be reconnecting). */
+const NODE_RECONNECT_MS = 5000;
 /** How often replicas look for lost nodes. */
 const LOST_SWEEP_MS = 2000;
 /** Sandbox states that have ended: a lost node's records in them stay as they are. */
@@ -101,6 +111,7 @@ export class PlacementHost {
   /** Each node record's revision, from the watch: a lost node is claimed by updating it at that revision. */
   private readonly revisions = new Map<string, number>();
   private lostTimer?: NodeJS.Timeout;
+  private sweeping = false;
 
   constructor(
     private readonly nc: NatsConnection,
@@ -138,7 +149,13 @@ export class PlacementHost {
         }
       }
     })();
-    this.lostTimer = setInterval(() => void this.sweepLost().catch((err: unknown) => this.log.warn({ err }, 'looking for lost nodes failed')), LOST_SWEEP_MS);
+    this.lostTimer = setInterval(() => {
+      if (this.sweeping) return;
+      this.sweeping = true;
+      void this.sweepLost()
+        .catch((err: unknown) => this.log.warn({ err }, 'looking for lost nodes failed'))
+        .finally(() => (this.sweeping = false));
+    }, LOST_SWEEP_MS);
     this.lostTimer.unref();
     const bridgeSub = this.nc.subscribe(subjects.bridgeState, {
       callback: (_e, m) => {
@@ -150,8 +167,8 @@ export class PlacementHost {
       },
     });
     this.subs.push(bridgeSub);
-    this.subs.push(serve(this.nc, subjects.placeCreate, { queue: PLACEMENT_QUEUE, log: this.log, name: 'place.create', maxBytes: Limits.createBytesMax }, (req) => this.create(req.body)));
-    this.subs.push(serve(this.nc, subjects.groupAll, { queue: PLACEMENT_QUEUE, log: this.log, name: 'group' }, (req) => this.group(req.subject)));
+    this.subs.push(serve(this.nc, subjects.placeCreate, { queue: PLACEMENT_QUEUE, log: this.log, name: 'place.create', maxBytes: Limits.createBytesMax }, (req) => this.tracked(() => this.create(req.body))));
+    this.subs.push(serve(this.nc, subjects.groupAll, { queue: PLACEMENT_QUEUE, log: this.log, name: 'group' }, (req) => this.tracked(() => this.group(req.subject))));
     this.directory.start();
     this.rollouts.start();
     this.subs.push(serve(this.nc, subjects.nodeList, { queue: PLACEMENT_QUEUE, log: this.log, name: 'nodes.list' }, (req) => this.listNodes(req.body)));
@@ -199,9 +216,12 @@ export class PlacementHost {
     const { spec, id = newSandboxId(), waitForCapacityMs = this.wait.ms } = validateCreate(body);
     let ranking = rank(this.actor.getSnapshot().context, spec, Date.now());
     if (ranking.nodes.length === 0) {
-      await this.reload(CREATE_RELOAD_MS);
+      // A reload that fails (the node table's stream electing a leader after a server died) is no
+      // answer yet: the records held may be stale only because the heartbeats could not be written.
+      await this.reload(CREATE_RELOAD_MS).catch((err: unknown) => this.log.warn({ err }, 'node table unreadable: placing by the records held'));
       ranking = rank(this.actor.getSnapshot().context, spec, Date.now());
     }
+    if (ranking.nodes.length === 0) ranking = this.rankRecent(spec);
     if (ranking.nodes.length === 0) {
       const live = Object.values(this.actor.getSnapshot().context.nodes).some((r) => isLive(r, Date.now()));
       // A spec no live node could ever run is the caller's to fix; an empty cluster is ours.
@@ -256,10 +276,43 @@ export class PlacementHost {
     return { refusals };
   }
 
+  /**
+   * Nodes whose heartbeat is late but recent (a minute) and not found lost, ranked as if live:
+   * when JetStream loses a stream's leader, every heartbeat stalls for seconds at once, and the
+   * nodes are as able to admit as before. Their admission decides.
+   */
+  private rankRecent(spec: SandboxSpec): ReturnType<typeof rank> {
+    const now = Date.now();
+    const ctx = this.actor.getSnapshot().context;
+    const nodes = Object.fromEntries(
+      Object.values(ctx.nodes)
+        .filter((r) => r.lostAt === undefined && r.state === 'serving' && now - r.ts < RECENT_MS)
+        .map((r) => [r.node, { ...r, ts: now }]),
+    );
+    return rank({ ...ctx, nodes }, spec, now);
+  }
+
   /** One node's create; sent again after a reconnect of this replica's connection (it is idempotent by id). */
   private async nodeCreate(node: string, id: string, spec: SandboxSpec): Promise<Reply<CreateReply>> {
-    const reply = await request(this.nc, subjects.node(node, 'create'), encode({ id, spec }), { timeout: NODE_CREATE_TIMEOUT_MS, headers: traceHeaders(), resend: true });
-    return decode(reply.data) as Reply<CreateReply>;
+    // No responders from a node the table says is there: it may be reconnecting (its server
+    // died), its subscriptions not yet back. It is asked again for a few seconds before it counts
+    // as not answering.
+    // A request or its answer can also vanish inside a NATS server that dies with it queued, with
+    // no connection of ours dropping: the create is asked again every NODE_ASK_AGAIN_MS (the node
+    // answers a create it is making with that create), not waited for over its whole timeout.
+    const until = Date.now() + NODE_RECONNECT_MS;
+    const deadline = Date.now() + NODE_CREATE_TIMEOUT_MS;
+    for (;;) {
+      try {
+        const reply = await request(this.nc, subjects.node(node, 'create'), encode({ id, spec }), { timeout: Math.min(NODE_ASK_AGAIN_MS, deadline - Date.now()), headers: traceHeaders(), resend: true });
+        return decode(reply.data) as Reply<CreateReply>;
+      } catch (err) {
+        if ((err instanceof TimeoutError || (err as Error).cause instanceof TimeoutError) && Date.now() < deadline - 100) continue;
+        const r = this.actor.getSnapshot().context.nodes[node];
+        if (!(err instanceof RequestError && err.isNoResponders()) || Date.now() > until || !r || r.lostAt !== undefined || Date.now() - r.ts > RECENT_MS) throw err;
+        await new Promise((res) => setTimeout(res, 250));
+      }
+    }
   }
 
   /** Whether a create may wait: the caller allows it, the queue has room, and a live bridge says capacity can come. */
@@ -372,7 +425,11 @@ export class PlacementHost {
     // read was the call's cost. Only an empty table (a replica just started) is read afresh.
     if (Object.keys(this.actor.getSnapshot().context.nodes).length === 0) await this.reload(CREATE_RELOAD_MS);
     const now = Date.now();
-    const nodes = Object.values(this.actor.getSnapshot().context.nodes).filter((r) => isLive(r, now) || r.state === 'draining');
+    // Every node not known lost, a stale heartbeat included: a node busy with a group verb of tens
+    // of thousands of sandboxes misses heartbeats (their writes queue behind the directory's), and
+    // a resume that skipped it left its part of the job paused with nothing said. A node that is
+    // really gone has no subscription: it answers "no responders" at once and is listed unreachable.
+    const nodes = Object.values(this.actor.getSnapshot().context.nodes).filter((r) => r.lostAt === undefined && (isLive(r, now) || r.state === 'draining' || now - r.ts < GROUP_STALE_MS));
     const reply: GroupReply = { group, verb, total: 0, ok: 0, failed: [], unreachable: [], releasedBytes: 0, durationMs: 0 };
     await Promise.all(
       nodes.map(async (n) => {
@@ -407,6 +464,9 @@ export class PlacementHost {
       if (r.lostAt !== undefined || now - r.ts < Math.max(LOST_AFTER_MS, 10 * r.heartbeatMs)) continue;
       const rev = this.revisions.get(r.node);
       if (rev === undefined) continue;
+      // Silence in the table is not death: a node whose heartbeat writes time out behind a flood of
+      // directory writes (a group pause of 32,000) still answers. Only one that does not is lost.
+      if (await this.answers(r.node)) continue;
       try {
         await this.nodes.update(r.node, encode({ ...r, lostAt: now }), rev);
       } catch {
@@ -423,6 +483,50 @@ export class PlacementHost {
       }
       this.log.warn({ node: r.node, silentSec: silent, sandboxes: gone.length }, 'node lost: its sandboxes are marked failed');
     }
+  }
+
+  /** Whether the node answers a request of its own (node.info) within a few seconds. */
+  private async answers(node: string): Promise<boolean> {
+    try {
+      await this.nc.request(subjects.node(node, 'info'), encode({}), { timeout: LOST_PING_MS });
+      return true;
+    } catch {
+      return false;
+    }
+  }
+
+  private inflight = 0;
+  private idle?: () => void;
+
+  /** Creates and group verbs under way are counted, so that a replica stopping can finish them first. */
+  private async tracked<T>(work: () => Promise<T>): Promise<T> {
+    this.inflight++;
+    try {
+      return await work();
+    } finally {
+      if (--this.inflight === 0) this.idle?.();
+    }
+  }
+
+  /**
+   * Stops taking calls (the queue group's other replicas get them), finishes those under way (up
+   * to `timeoutMs`), then stops: a replica restarted this way loses no create.
+   */
+  async drain(timeoutMs = 30_000): Promise<void> {
+    // drain, not unsubscribe: a request the server routed here before it saw the UNSUB still
+    // reaches the handler instead of vanishing (its caller would wait out its timeout).
+    await Promise.all(this.subs.splice(0).map((s) => s.drain().catch(() => {})));
+    this.directory.stop();
+    this.rollouts.stop();
+    if (this.inflight > 0) {
+      let timer: NodeJS.Timeout | undefined;
+      const t0 = Date.now();
+      this.log.info({ inflight: this.inflight }, 'placement draining: finishing the calls under way');
+      await Promise.race([new Promise<void>((r) => (this.idle = r)), new Promise<void>((r) => (timer = setTimeout(r, timeoutMs)))]);
+      clearTimeout(timer);
+      if (this.inflight > 0) this.log.warn({ inflight: this.inflight, waitedMs: Date.now() - t0 }, 'placement drained with calls still under way: they end with this replica');
+    }
+    this.stop();
   }
 
   stop(): void {

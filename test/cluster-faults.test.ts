@@ -4,7 +4,7 @@
  * error, and the directory and the nodes agree on which sandboxes live. Sandboxes are simulated
  * (the fault is in NATS, not in the backend); nodes, placement and the SDK are the real ones.
  */
-import { execFile } from 'node:child_process';
+import { type ChildProcess, execFile, spawn } from 'node:child_process';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -21,10 +21,36 @@ import { eventually } from './helpers/wait.ts';
 
 const run = promisify(execFile);
 
+const CLI = fileURLToPath(new URL('../ops/bin/paddock.js', import.meta.url));
+
 interface Ctx {
   home: string;
   nats: NatsCluster;
   nodes: NodeProcess[];
+  /** Placement replicas on their own (`paddock placement`): the nodes run none. */
+  replicas: ChildProcess[];
+}
+
+/** `paddock placement` joined to `url`, once it serves. */
+async function startReplica(url: string, home: string): Promise<ChildProcess> {
+  const child = spawn(process.execPath, [CLI, '--nats', url, 'placement'], { env: { ...process.env, PADDOCK_HOME: home }, stdio: ['ignore', 'pipe', 'inherit'] });
+  await new Promise<void>((resolve, reject) => {
+    let seen = '';
+    child.stdout?.on('data', (d: Buffer) => {
+      seen = (seen + d.toString()).slice(-4000);
+      if (seen.includes('placement ready')) resolve();
+    });
+    child.once('exit', (c) => reject(new Error(`paddock placement exited with ${c}: ${seen}`)));
+  });
+  child.stdout?.resume();
+  return child;
+}
+
+async function stopReplica(child: ChildProcess, signal: NodeJS.Signals = 'SIGTERM'): Promise<void> {
+  if (child.exitCode !== null || child.signalCode !== null) return;
+  const gone = new Promise((r) => child.once('exit', r));
+  child.kill(signal);
+  await gone;
 }
 
 const test = anyTest as TestFn<Ctx>;
@@ -33,14 +59,17 @@ test.before(async (t) => {
   const home = await mkdtemp(join(tmpdir(), 'paddock-cf-'));
   const nats = await startNatsCluster({ dataDir: join(home, 'nats'), servers: 3, logDir: join(home, 'logs') });
   const nodes: NodeProcess[] = [];
-  t.context = { home, nats, nodes };
-  const env = { PADDOCK_BACKENDS: 'sim', PADDOCK_FN: '0', PADDOCK_HEARTBEAT_MS: '500', PADDOCK_SIM_SANDBOXES: '5000', PADDOCK_SIM_CPU: '5000', PADDOCK_SIM_MEMORY_MIB: String(5000 * 1024) };
+  const replicas: ChildProcess[] = [];
+  t.context = { home, nats, nodes, replicas };
+  for (let i = 0; i < 2; i++) replicas.push(await startReplica(nats.url, home));
+  const env = { PADDOCK_PLACEMENT: '0', PADDOCK_BACKENDS: 'sim', PADDOCK_FN: '0', PADDOCK_HEARTBEAT_MS: '500', PADDOCK_SIM_SANDBOXES: '5000', PADDOCK_SIM_CPU: '5000', PADDOCK_SIM_MEMORY_MIB: String(5000 * 1024) };
   for (let i = 0; i < 2; i++) nodes.push(await startNode({ natsUrl: nats.url, home, id: `cf${process.pid}n${i}`, imagesDir: SHARED_IMAGES, env }));
 });
 
 test.after.always(async (t) => {
   const c = t.context;
   if (!c?.nats) return;
+  await Promise.all(c.replicas.map((r) => stopReplica(r, 'SIGKILL')));
   await Promise.all(c.nodes.map((n) => n.stop()));
   await c.nats.stop();
   if (!process.env.PADDOCK_TEST_KEEP) await rm(c.home, { recursive: true, force: true });
@@ -122,10 +151,55 @@ test.serial('SIGKILL of one NATS server of three during a create burst: every cr
     await pdk.groups.kill('burst');
 
     // What `paddock status` says of the cluster: its size, and three replicas of every bucket.
-    const { stdout } = await run(process.execPath, [fileURLToPath(new URL('../ops/bin/paddock.js', import.meta.url)), '--nats', nats.url, 'status'], { env: { ...process.env, PADDOCK_HOME: join(t.context.home, 'cli') } });
+    const { stdout } = await run(process.execPath, [CLI, '--nats', nats.url, 'status'], { env: { ...process.env, PADDOCK_HOME: join(t.context.home, 'cli') } });
     t.regex(stdout, /cluster paddock of 3 servers/);
     for (const stream of ['KV_pdk_sandboxes', 'KV_pdk_nodes', 'KV_pdk_rollouts', 'PDK_CHRONUS']) t.regex(stdout, new RegExp(`replicas: .*${stream} 3`));
     t.notRegex(stdout, /fewer than/);
+  } finally {
+    await pdk.close();
+  }
+});
+
+test.serial('a rolling restart of every placement replica during a create burst loses no create', async (t) => {
+  const { nats, home, replicas } = t.context;
+  const pdk = await Paddock.connect({ servers: nats.url, timeoutMs: 60_000 });
+  try {
+    const N = 1500;
+    const made: string[] = [];
+    const failed: string[] = [];
+    let next = 0;
+    let restarted: Promise<void> | undefined;
+    const worker = async () => {
+      while (next < N) {
+        next++;
+        try {
+          made.push((await pdk.sandboxes.create({ backend: 'sim', group: 'rolling' })).id);
+        } catch (err) {
+          failed.push(err instanceof PaddockError ? `${err.code}: ${err.message}` : String(err));
+        }
+        // Each replica in turn: drained by SIGTERM (it finishes what it holds), then a new one.
+        restarted ??= made.length >= 50 ? (async () => {
+          for (let i = 0; i < replicas.length; i++) {
+            const t0 = Date.now();
+            await stopReplica(replicas[i] as ChildProcess);
+            const t1 = Date.now();
+            replicas[i] = await startReplica(nats.url, home);
+            t.log(`replica ${i}: stopped in ${t1 - t0} ms, started in ${Date.now() - t1} ms; ${made.length} made`);
+          }
+        })() : undefined;
+      }
+    };
+    await Promise.all(Array.from({ length: 20 }, worker));
+    await restarted;
+    t.truthy(restarted, 'the replicas were restarted during the burst');
+    t.deepEqual(failed, []);
+    t.is(new Set(made).size, N);
+    const listed = await eventually(async () => {
+      const l = (await pdk.sandboxes.list({ group: 'rolling' })).filter((s) => s.state === 'running');
+      return l.length === N ? l : undefined;
+    }, 60_000);
+    t.truthy(listed);
+    await pdk.groups.kill('rolling');
   } finally {
     await pdk.close();
   }

@@ -13,6 +13,7 @@ export const GLOBAL = {
 export const COMMANDS = {
   up: {},
   node: {},
+  placement: {},
   status: { json: { type: 'boolean' } },
   down: {},
   logs: { follow: { type: 'boolean', short: 'f' }, lines: { type: 'string', short: 'n' }, json: { type: 'boolean' } },

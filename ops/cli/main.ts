@@ -23,6 +23,8 @@ Run Paddock on this host:
   logs [node|nats] [-f] [-n LINES] [--json]
                            a node's log (or nats-server's); -f follows it
   node                     run one node in the foreground, joining $NATS_URL
+  placement                run a placement replica on its own in the foreground, joining
+                           $NATS_URL; SIGTERM drains it (calls under way finish)
   node drain|undrain <id>  cordon a node (placement skips it; its sandboxes run on), or undo it
   nats cluster [--servers N] [--dir DIR]
                            run a NATS cluster of N servers (default 3) in the foreground for
@@ -106,6 +108,8 @@ async function main(argv: string[]): Promise<number> {
       return (await import('./service.ts')).nodeCmd(a);
     case 'bridge':
       return (await import('./bridge.ts')).bridgeCli(a);
+    case 'placement':
+      return (await import('./service.ts')).placementCmd(a);
     case 'status':
       return (await import('./service.ts')).status(a);
     case 'down':

@@ -41,6 +41,32 @@ export async function nodeCmd(a: Args): Promise<number> {
   });
 }
 
+/** A placement replica without a node, in the foreground, until SIGINT/SIGTERM (then it drains). */
+export async function placementCmd(a: Args): Promise<number> {
+  positionals(a, 0, 0, 'placement');
+  const natsUrl = a.values.nats ?? process.env.NATS_URL;
+  if (!natsUrl) throw new UsageError('placement: a replica joins an existing NATS: set NATS_URL or pass --nats');
+  const { createLogger } = await import('../log.ts');
+  const { startPlacement } = await import('../placement-process.ts');
+  const { loadConfig } = await import('../../runtime/config.ts');
+  const log = createLogger('paddock-placement');
+  const p = await startPlacement({ natsUrl, log, wait: loadConfig().waitForCapacity });
+  log.info({ nats: natsUrl }, 'placement ready');
+  return new Promise<number>((resolve) => {
+    let stopping = false;
+    const stop = () => {
+      if (stopping) return;
+      stopping = true;
+      log.info('placement draining');
+      void p.stop().then(() => {
+        log.info('placement stopped');
+        resolve(0);
+      });
+    };
+    for (const sig of ['SIGINT', 'SIGTERM', 'SIGHUP'] as const) process.on(sig, stop);
+  });
+}
+
 /** A child's end as a shell would report it: its code, or 128 + the signal that killed it. */
 function exitStatus(code: number | null, signal: NodeJS.Signals | null): number {
   if (code !== null) return code;
