@@ -32,7 +32,7 @@ import {
   validateStep,
 } from '../protocol/index.ts';
 import type { StepJournal } from '../chronus/journal.ts';
-import { type Backend, canSnapshot, EXEC_KILLED, type ExecOptions, type ExecOutcome, hasDisplay } from '../runtime/backend.ts';
+import { type Backend, canSnapshot, type Display, EXEC_KILLED, type ExecOptions, type ExecOutcome, hasDisplay } from '../runtime/backend.ts';
 import { Semaphore } from '../runtime/limit.ts';
 import { Attr } from '../protocol/trace.ts';
 import { type Request, STREAMED, serve, tracer } from './bind.ts';
@@ -558,6 +558,13 @@ const HANDLERS: Record<SandboxVerb, (h: SandboxHost, req: Request) => Promise<un
     return { policy };
   },
   stats: async (h) => (await h.backend.stats?.(h.id)) ?? {},
+  'display.screenshot': async (h) => (h.backend as Backend & Display).screenshot(h.id),
+  'display.action': async (h, req) => {
+    const a = validateSandboxRequest('display.action', req.body);
+    const b = h.backend as Backend & Display;
+    const { cursor } = await b.act(h.id, a);
+    return a.action === 'screenshot' || a.screenshot ? { cursor, screenshot: await b.screenshot(h.id) } : { cursor };
+  },
 };
 
 function hasCapability(b: Backend, cap: Capability): boolean {

@@ -42,6 +42,9 @@ command -v lxcfs >/dev/null 2>&1 || need+=(lxcfs)
 command -v qemu-system-x86_64 >/dev/null 2>&1 || need+=(qemu-system-x86)
 ls /boot/vmlinuz-*-cloud-amd64 >/dev/null 2>&1 || need+=(linux-image-cloud-amd64)
 command -v lz4 >/dev/null 2>&1 || need+=(lz4)
+# Full VMs boot Debian's standard kernel (fetched as a package into /var/cache/paddock/kernels by
+# runtime/microvm/kernel.ts, not installed); their test reads the screen with tesseract's OCR.
+command -v tesseract >/dev/null 2>&1 || need+=(tesseract-ocr)
 
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then

@@ -64,6 +64,10 @@ export type {
   SandboxSpec,
   SandboxState,
   SandboxStats,
+  Screenshot,
+  ComputerAction,
+  ComputerActionName,
+  ComputerReply,
 } from './messages.ts';
 export { Buckets, FN_QUEUE, isSandboxVerb, RolloutVerbs, isToken, mayResend, NodeVerbs, PLACEMENT_QUEUE, PREFIX, parseGroupSubject, parseSandboxSubject, SandboxVerbs, Streams, subjectTemplate, subjects } from './subjects.ts';
 export type { NodeVerb, RolloutVerb, SandboxVerb } from './subjects.ts';

@@ -11,6 +11,7 @@ import type { BackendKind, FnLanguage } from './schema.ts';
 
 export {
   Backends,
+  ComputerActions,
   EndReasons,
   ExecVerdicts,
   FileTypes,
@@ -24,6 +25,9 @@ export {
 } from './schema.ts';
 export type {
   BackendKind,
+  ComputerAction,
+  ComputerActionName,
+  ComputerReply,
   CreateReply,
   CreateRequest,
   EndReason,
@@ -69,6 +73,7 @@ export type {
   SandboxSpec,
   SandboxState,
   SandboxStats,
+  Screenshot,
 } from './schema.ts';
 
 /** How a node loads layers: on first read from the store (lazy), or whole before mounting (eager). */

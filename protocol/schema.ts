@@ -124,6 +124,15 @@ export const NetworkPolicy = Type.Object(
 );
 export type NetworkPolicy = Static<typeof NetworkPolicy>;
 
+/** A full VM's screen. */
+export const DisplaySpec = Type.Object(
+  {
+    width: Type.Integer({ minimum: Limits.display.widthMin, maximum: Limits.display.widthMax, default: Limits.display.width }),
+    height: Type.Integer({ minimum: Limits.display.heightMin, maximum: Limits.display.heightMax, default: Limits.display.height }),
+  },
+  { $id: 'DisplaySpec', additionalProperties: false, description: `a full VM's screen in pixels (default ${Limits.display.width}×${Limits.display.height})` },
+);
+
 /** What a trainer asks for. Fields with a default may be left out. */
 export const SandboxSpec = Type.Object(
   {
@@ -147,6 +156,7 @@ export const SandboxSpec = Type.Object(
     idleAction: literals(IdleActions, { default: 'pause', errorMessage: `must be one of ${IdleActions.join(', ')}, got {value}` }),
     qos: literals(QosClasses, { default: 'ls', errorMessage: `must be one of ${QosClasses.join(', ')}, got {value}`, description: '`ls` latency-sensitive or `be` best-effort (SCHED_IDLE, low weight)' }),
     autoResume: Type.Boolean({ default: true, description: 'exec and file calls on a paused or hibernated sandbox wake it first, or fail with INVALID_STATE' }),
+    display: Type.Optional(DisplaySpec),
   },
   { $id: 'SandboxSpec', additionalProperties: false, errorMessage: 'must be a map' },
 );
@@ -332,6 +342,66 @@ export const FilesListReply = Type.Object({ entries: Type.Array(FileEntry) }, { 
 export type FilesListReply = Static<typeof FilesListReply>;
 export const FilesRemoveRequest = Type.Object({ path: SandboxPath, recursive: Type.Optional(Type.Boolean()) }, { $id: 'FilesRemoveRequest' });
 export type FilesRemoveRequest = Static<typeof FilesRemoveRequest>;
+
+// ─── Display (full VMs) ──────────────────────────────────────────────────────────────────────────
+
+/** The computer-use action set, with the argument names computer-use harnesses send. */
+export const ComputerActions = [
+  'screenshot',
+  'left_click',
+  'right_click',
+  'middle_click',
+  'double_click',
+  'triple_click',
+  'mouse_move',
+  'left_click_drag',
+  'left_mouse_down',
+  'left_mouse_up',
+  'scroll',
+  'type',
+  'key',
+  'hold_key',
+  'wait',
+  'cursor_position',
+] as const;
+export type ComputerActionName = (typeof ComputerActions)[number];
+
+const Point = (description: string) =>
+  Type.Tuple([Type.Integer({ minimum: 0, maximum: Limits.display.widthMax }), Type.Integer({ minimum: 0, maximum: Limits.display.heightMax })], { description, errorMessage: 'must be [x, y], whole pixels on the screen' });
+
+export const ComputerAction = Type.Object(
+  {
+    action: literals(ComputerActions, { errorMessage: `unknown action {value}; known: ${ComputerActions.join(', ')}` }),
+    coordinate: Type.Optional(Point('where: [x, y] in pixels from the top left')),
+    start_coordinate: Type.Optional(Point('left_click_drag: where the drag starts (absent: where the pointer is)')),
+    text: Type.Optional(Type.String({ maxLength: Limits.display.typeMax, errorCode: 'PAYLOAD_TOO_LARGE' satisfies ErrorCode, description: `type: the text (≤ ${Limits.display.typeMax} characters, US keyboard); key, hold_key: keys as xdotool names them, e.g. \`ctrl+l\`, \`Return\`; clicks and scroll: modifiers held meanwhile` })),
+    scroll_direction: Type.Optional(literals(['up', 'down', 'left', 'right'] as const)),
+    scroll_amount: Type.Optional(Type.Integer({ minimum: 1, maximum: Limits.display.scrollMax, description: 'scroll: wheel clicks (default 3)' })),
+    duration: Type.Optional(Type.Number({ minimum: 0, maximum: Limits.display.durationMaxSec, description: 'wait, hold_key: seconds' })),
+    screenshot: Type.Optional(Type.Boolean({ description: 'also return a screenshot taken after the action (always for `screenshot`)' })),
+  },
+  { $id: 'ComputerAction', additionalProperties: false, errorMessage: 'must be a map' },
+);
+export type ComputerAction = Static<typeof ComputerAction>;
+
+export const Screenshot = Type.Object(
+  {
+    png: Type.Uint8Array({ description: 'the screen as a PNG' }),
+    width: Type.Integer(),
+    height: Type.Integer(),
+  },
+  { $id: 'Screenshot' },
+);
+export type Screenshot = Static<typeof Screenshot>;
+
+export const ComputerReply = Type.Object(
+  {
+    cursor: Type.Object({ x: Type.Integer(), y: Type.Integer() }, { description: 'where the pointer is after the action' }),
+    screenshot: Type.Optional(Screenshot),
+  },
+  { $id: 'ComputerReply' },
+);
+export type ComputerReply = Static<typeof ComputerReply>;
 
 export const NetworkSetRequest = Type.Object({ policy: Type.Optional(NetworkPolicy) }, { $id: 'NetworkSetRequest' });
 export const NetworkSetReply = Type.Object({ policy: NetworkPolicy }, { $id: 'NetworkSetReply' });
@@ -532,8 +602,12 @@ export const NamedSchemas: Record<string, TSchema> = {
   SandboxStats,
   WireError: WireErrorSchema,
   NetworkPolicy,
+  DisplaySpec,
   SandboxSpec,
   SandboxInfo,
+  ComputerAction,
+  ComputerReply,
+  Screenshot,
   CreateRequest,
   CreateReply,
   LifecycleRequest,

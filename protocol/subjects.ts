@@ -148,6 +148,7 @@ const RESENDABLE = new Set([
   'files.read',
   'files.list',
   'stats',
+  'display.screenshot',
   'kill',
   'network.set',
   'rollouts.attach',

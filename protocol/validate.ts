@@ -12,6 +12,7 @@ import { type ErrorCode, ProtocolError } from './errors.ts';
 import { Limits } from './limits.ts';
 import { validateNetworkPolicy } from './network.ts';
 import {
+  ComputerAction,
   CreateRequest,
   Empty,
   ExecCancelRequest,
@@ -333,6 +334,8 @@ export const SandboxRequests = {
   restore: Empty,
   'network.set': NetworkSetRequest,
   stats: Empty,
+  'display.screenshot': Empty,
+  'display.action': ComputerAction,
 } as const satisfies Record<SandboxVerb, TSchema>;
 
 /** A sandbox verb's request, checked against its schema (exec has its own: validateExec). */

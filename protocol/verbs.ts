@@ -43,6 +43,8 @@ export const SandboxVerbTable = {
   restore: { states: LIVE, wakes: false, request: 'Empty', reply: 'SandboxInfo' },
   'network.set': { states: LIVE, wakes: false, capability: 'network', request: 'NetworkSetRequest', reply: 'NetworkSetReply' },
   stats: { states: LIVE, wakes: false, capability: 'stats', request: 'Empty', reply: 'SandboxStats' },
+  'display.screenshot': { states: RUNNING, wakes: true, capability: 'display', request: 'Empty', reply: 'Screenshot' },
+  'display.action': { states: RUNNING, wakes: true, capability: 'display', request: 'ComputerAction', reply: 'ComputerReply' },
 } as const satisfies Record<string, VerbRow>;
 
 export type SandboxVerb = keyof typeof SandboxVerbTable;

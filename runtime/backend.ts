@@ -6,7 +6,7 @@
  */
 
 import type { Logger } from 'pino';
-import type { BackendKind, ExecVerdict, FileEntry, NetworkPolicy, Resources, SandboxSpec, SandboxStats } from '../protocol/index.ts';
+import type { BackendKind, ComputerAction, ExecVerdict, FileEntry, NetworkPolicy, Resources, SandboxSpec, SandboxStats } from '../protocol/index.ts';
 import type { NodeConfig } from './config.ts';
 import type { NodeImages } from './images/node-images.ts';
 
@@ -106,8 +106,10 @@ export interface Snapshotting {
 
 /** Capability: a screen and input devices (full VMs for computer use). */
 export interface Display {
+  /** The screen as the VMM shows it, as a PNG. */
   screenshot(id: string): Promise<{ png: Uint8Array; width: number; height: number }>;
-  input(id: string, event: { type: 'key'; keys: string[] } | { type: 'move' | 'click'; x: number; y: number; button?: 'left' | 'right' | 'middle' } | { type: 'type'; text: string }): Promise<void>;
+  /** One computer-use action through the VMM's input devices (checked whole before anything is sent); where the pointer is afterwards. */
+  act(id: string, action: ComputerAction): Promise<{ cursor: { x: number; y: number } }>;
 }
 
 export function canSnapshot(b: Backend): b is Backend & Snapshotting {

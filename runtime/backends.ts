@@ -6,12 +6,14 @@ import type { BackendKind, Resources, SandboxSpec } from '../protocol/index.ts';
 import { ProtocolError } from '../protocol/index.ts';
 import type { Backend, BackendContext, BackendPlugin } from './backend.ts';
 import { containerPlugin } from './container/index.ts';
+import { fullvmPlugin } from './fullvm/index.ts';
 import { microvmPlugin } from './microvm/index.ts';
 import { simPlugin } from './sim/index.ts';
 
 export const registry: Partial<Record<BackendKind, BackendPlugin>> = {
   container: containerPlugin,
   microvm: microvmPlugin,
+  fullvm: fullvmPlugin,
   sim: simPlugin,
 };
 

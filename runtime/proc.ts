@@ -9,9 +9,9 @@ export interface RunResult {
 }
 
 /** Runs a command to completion; rejects with BACKEND_FAILED (stderr in the message) unless it exits 0. */
-export async function run(cmd: string, args: string[], opts: { allowFail?: boolean; input?: string; timeoutMs?: number; env?: NodeJS.ProcessEnv } = {}): Promise<RunResult> {
+export async function run(cmd: string, args: string[], opts: { allowFail?: boolean; input?: string; timeoutMs?: number; env?: NodeJS.ProcessEnv; cwd?: string } = {}): Promise<RunResult> {
   const r = await new Promise<RunResult>((resolve, reject) => {
-    const child = spawn(cmd, args, { stdio: [opts.input === undefined ? 'ignore' : 'pipe', 'pipe', 'pipe'], timeout: opts.timeoutMs ?? 60_000, killSignal: 'SIGKILL', ...(opts.env ? { env: opts.env } : {}) });
+    const child = spawn(cmd, args, { stdio: [opts.input === undefined ? 'ignore' : 'pipe', 'pipe', 'pipe'], timeout: opts.timeoutMs ?? 60_000, killSignal: 'SIGKILL', ...(opts.env ? { env: opts.env } : {}), ...(opts.cwd ? { cwd: opts.cwd } : {}) });
     const out: Buffer[] = [];
     const err: Buffer[] = [];
     child.stdout?.on('data', (d: Buffer) => out.push(d));

@@ -16,6 +16,9 @@ import {
   type Reply,
   type SandboxInfo,
   type SandboxStats,
+  type Screenshot,
+  type ComputerAction,
+  type ComputerReply,
   type SandboxVerb,
   SandboxVerbTable,
   subjects,
@@ -106,6 +109,8 @@ export function toExecResult(r: WireExecResult): ExecResult {
 export class Sandbox {
   readonly files: SandboxFiles;
   readonly network: SandboxNetwork;
+  /** The screen, pointer and keyboard of a full VM (`backend: 'fullvm'`). */
+  readonly display: SandboxDisplay;
 
   constructor(
     private readonly t: Transport,
@@ -115,6 +120,7 @@ export class Sandbox {
   ) {
     this.files = new SandboxFiles(this);
     this.network = new SandboxNetwork(this);
+    this.display = new SandboxDisplay(this);
   }
 
   get id(): string {
@@ -327,6 +333,16 @@ export class Sandbox {
     return this.info;
   }
 
+  /**
+   * One action of the computer-use action set (`screenshot`, `left_click`, `type`, `key`, `scroll`,
+   * `left_click_drag`, `hold_key`, `wait`, `cursor_position`, …), with the argument names
+   * computer-use harnesses send: `{ action: 'left_click', coordinate: [100, 200] }`. The reply has
+   * the pointer's position, and a screenshot for `screenshot` or when `screenshot: true`.
+   */
+  computer(action: ComputerAction, opts?: CallOptions): Promise<ComputerReply> {
+    return this.call<ComputerReply>('display.action', action, { ...opts, timeoutMs: opts?.timeoutMs ?? actionTimeoutMs(action) });
+  }
+
   /** What the sandbox uses now (CPU seconds, memory, disk, processes), as far as its backend can tell. */
   stats(opts?: CallOptions): Promise<SandboxStats> {
     return this.call<SandboxStats>('stats', {}, opts);
@@ -341,6 +357,58 @@ export class Sandbox {
       throw err;
     }
     return this.info;
+  }
+}
+
+/** How long an action may take: its own duration, and ~10 ms a typed character, on top of a screenshot's. */
+function actionTimeoutMs(a: ComputerAction): number {
+  return 20_000 + (a.duration ?? 0) * 1000 + (a.action === 'type' ? (a.text?.length ?? 0) * 12 : 0);
+}
+
+/** A full VM's screen and input devices, driven through the VMM (QMP), not through the guest. */
+export class SandboxDisplay {
+  constructor(private readonly sb: Sandbox) {}
+
+  /** The screen as a PNG, with its size. */
+  screenshot(opts?: CallOptions): Promise<Screenshot> {
+    return this.sb.call<Screenshot>('display.screenshot', {}, opts);
+  }
+
+  async click(x: number, y: number, o: { button?: 'left' | 'right' | 'middle'; double?: boolean } & CallOptions = {}): Promise<void> {
+    const action = o.double ? 'double_click' : o.button === 'right' ? 'right_click' : o.button === 'middle' ? 'middle_click' : 'left_click';
+    await this.sb.computer({ action, coordinate: [x, y] }, o);
+  }
+
+  async move(x: number, y: number, opts?: CallOptions): Promise<void> {
+    await this.sb.computer({ action: 'mouse_move', coordinate: [x, y] }, opts);
+  }
+
+  /** Types `text` on a US keyboard (`\n` is Return). */
+  async type(text: string, opts?: CallOptions): Promise<void> {
+    await this.sb.computer({ action: 'type', text }, opts);
+  }
+
+  /** Presses a key or a combination, as xdotool names them: `Return`, `ctrl+l`, `alt+F4`. */
+  async key(keys: string, opts?: CallOptions): Promise<void> {
+    await this.sb.computer({ action: 'key', text: keys }, opts);
+  }
+
+  /** Wheel clicks at [x, y]: `dy` < 0 scrolls up, > 0 down; `dx` left and right. */
+  async scroll(x: number, y: number, d: { dx?: number; dy?: number }, opts?: CallOptions): Promise<void> {
+    const dy = d.dy ?? 0;
+    const dx = d.dx ?? 0;
+    if (dy) await this.sb.computer({ action: 'scroll', coordinate: [x, y], scroll_direction: dy < 0 ? 'up' : 'down', scroll_amount: Math.abs(dy) }, opts);
+    if (dx) await this.sb.computer({ action: 'scroll', coordinate: [x, y], scroll_direction: dx < 0 ? 'left' : 'right', scroll_amount: Math.abs(dx) }, opts);
+  }
+
+  /** Presses the left button at `from`, moves to `to` with it held, and lets go. */
+  async drag(from: [number, number], to: [number, number], opts?: CallOptions): Promise<void> {
+    await this.sb.computer({ action: 'left_click_drag', start_coordinate: from, coordinate: to }, opts);
+  }
+
+  /** Where the pointer is. */
+  async cursor(opts?: CallOptions): Promise<{ x: number; y: number }> {
+    return (await this.sb.computer({ action: 'cursor_position' }, opts)).cursor;
   }
 }
 

@@ -9,6 +9,7 @@ import { existsSync, readFileSync, statSync } from 'node:fs';
 import { dirname, resolve } from 'node:path';
 import { ErrorCodes, type NodeLayerStats, type NodeRecord, ProtocolError } from '../../protocol/index.ts';
 import { loadConfig } from '../../runtime/config.ts';
+import { ensureDesktopImage } from '../../runtime/fullvm/image.ts';
 import { type BuildSpec, buildImage, DEFAULT_ENV, ensurePythonImage, parseSpec } from '../../runtime/images/build.ts';
 import type { LayerStore } from '../../runtime/images/layer-store.ts';
 import { copyImage, LocalLayerStore, openStore } from '../../runtime/images/remote.ts';
@@ -26,6 +27,7 @@ export const IMAGE_USAGE = `Usage: paddock image <command>
                            tar), toolkit (packages, dir, tar, image), workspace (dir, tar, git,
                            image); --parts also stores NAME-base, NAME-toolkit, NAME-workspace
   build --python           the bookworm + python3 + pytest + git image (cached; parts stored too)
+  build --desktop          the full VMs' desktop: Xorg, IceWM, xterm, Dillo, Mousepad, PCManFM, xdotool
   push <name> --to STORE   copy an image (and the layers STORE lacks) from the local store
   pull <name> --from STORE copy an image into the local store; layers are checked against their digests
   ls [--store STORE] [--json]          images of a store
@@ -103,6 +105,7 @@ export async function imageCommand(argv: string[], io: ImageCliIo): Promise<numb
       env: { type: 'string', multiple: true },
       parts: { type: 'boolean' },
       python: { type: 'boolean' },
+      desktop: { type: 'boolean' },
       to: { type: 'string' },
       from: { type: 'string' },
       store: { type: 'string' },
@@ -116,14 +119,14 @@ export async function imageCommand(argv: string[], io: ImageCliIo): Promise<numb
   switch (cmd) {
     case 'build': {
       const store = new ImageStore(localDir());
-      if (values.python) {
-        const m = await ensurePythonImage(store, { progress: io.err });
+      if (values.python || values.desktop) {
+        const m = values.desktop ? await ensureDesktopImage(store, { progress: io.err }) : await ensurePythonImage(store, { progress: io.err });
         await publish(m, io);
         io.out(`${m.name} ${m.layers.map((l) => l.digest.slice(7, 19)).join(' ')}\n`);
         return 0;
       }
       const src = positionals[0];
-      if (!src) throw new ImageUsageError('build: give a directory, a tarball or a spec file (or --python)');
+      if (!src) throw new ImageUsageError('build: give a directory, a tarball or a spec file (or --python, --desktop)');
       const path = resolve(src);
       if (!existsSync(path)) throw new ImageUsageError(`build: no such file or directory ${src}`);
       let spec: BuildSpec;

@@ -58,6 +58,15 @@ function gatewaySchemas(defs: Record<string, Json>): Record<string, Json> {
     HttpWriteReply: { type: 'object', properties: { path: { type: 'string' }, size: { type: 'integer', description: 'bytes written' } }, required: ['path', 'size'] },
     HttpRolloutView: { type: 'object', properties: { rollout: ref('RolloutRecord'), sandbox: ref('SandboxInfo'), lastStep: { type: 'integer', description: 'highest step recorded (-1: none)' } }, required: ['rollout', 'sandbox', 'lastStep'] },
     NodeRecord: { type: 'object', description: 'A node heartbeat record (protocol/messages.ts NodeRecord): node, backends, images, capacity, allocated, sandboxes, state, offers, fn.', properties: { node: { type: 'string' }, state: { type: 'string', enum: ['serving', 'draining'] }, sandboxes: { type: 'integer' } }, required: ['node'] },
+    HttpComputerReply: {
+      type: 'object',
+      description: 'ComputerReply with the screenshot, when there is one, as base64 (the shape computer-use harnesses pass to a model).',
+      properties: {
+        cursor: defs.ComputerReply.properties.cursor,
+        screenshot: { type: 'object', properties: { png: { type: 'string', contentEncoding: 'base64' }, width: { type: 'integer' }, height: { type: 'integer' } }, required: ['png', 'width', 'height'] },
+      },
+      required: ['cursor'],
+    },
     NodeList: { type: 'object', properties: { nodes: { type: 'array', items: ref('NodeRecord') } }, required: ['nodes'] },
     NodeInfo: { allOf: [ref('NodeRecord'), { type: 'object', properties: { ids: { type: 'array', items: { type: 'string' } }, layers: { type: 'object' } } }] },
   };
@@ -66,6 +75,7 @@ function gatewaySchemas(defs: Record<string, Json>): Record<string, Json> {
 function content(reply: string, sse?: string): Json {
   if (reply === 'none') return undefined;
   if (reply === 'raw') return { 'application/octet-stream': { schema: { type: 'string', contentMediaType: 'application/octet-stream' } } };
+  if (reply === 'png') return { 'image/png': { schema: { type: 'string', contentMediaType: 'image/png' } } };
   if (reply === 'jsonl') return { 'application/x-ndjson': { schema: { type: 'string' } } };
   if (reply === 'prometheus') return { 'text/plain': { schema: { type: 'string' } } };
   if (reply === 'sse') return { 'text/event-stream': { schema: ref(sse ?? 'SandboxEvents') } };

@@ -22,7 +22,7 @@ export interface Route {
   params?: Param[];
   /** A message of protocol/schema.ts, or one of the gateway's own bodies (GatewaySchemas in openapi.ts). */
   request?: string;
-  /** Likewise; `raw` for bytes, `jsonl` for JSON lines, `sse` for an event stream, `none` for 204. */
+  /** Likewise; `raw` for bytes, `png` for an image, `jsonl` for JSON lines, `sse` for an event stream, `none` for 204. */
   reply: string;
   /** Status of a success (default 200). */
   status?: number;
@@ -76,6 +76,8 @@ export const Routes: Route[] = [
   lifecycle('restore', 'Wake a hibernated sandbox'),
   { operationId: 'setNetwork', method: 'POST', path: '/v1/sandboxes/{id}/network', summary: 'Replace the egress policy', tag: 'sandboxes', params: [id], request: 'NetworkSetRequest', reply: 'NetworkSetReply' },
   { operationId: 'sandboxStats', method: 'GET', path: '/v1/sandboxes/{id}/stats', summary: 'What the sandbox uses now', tag: 'sandboxes', params: [id], reply: 'SandboxStats' },
+  { operationId: 'screenshot', method: 'GET', path: '/v1/sandboxes/{id}/display/screenshot', summary: "A full VM's screen as a PNG (taken by the VMM)", tag: 'display', params: [id], reply: 'png' },
+  { operationId: 'computerAction', method: 'POST', path: '/v1/sandboxes/{id}/computer', summary: 'One action of the computer-use action set (left_click, type, key, scroll, …)', tag: 'display', params: [id], request: 'ComputerAction', reply: 'HttpComputerReply' },
   {
     operationId: 'readFile',
     method: 'GET',

@@ -231,6 +231,14 @@ function handlers(o: GatewayContext): Record<string, Handler> {
       return { policy: await sandbox(pdk, req.params.id).network.set((b.policy ?? b) as never) };
     },
     sandboxStats: (req) => sandbox(pdk, req.params.id).stats(),
+    screenshot: async (req, reply) => {
+      const s = await sandbox(pdk, req.params.id).display.screenshot();
+      return reply.type('image/png').header('x-screen-size', `${s.width}x${s.height}`).send(Buffer.from(s.png));
+    },
+    computerAction: async (req) => {
+      const r = await sandbox(pdk, req.params.id).computer(object(req.body, 'computer') as never);
+      return r.screenshot ? { cursor: r.cursor, screenshot: { ...r.screenshot, png: Buffer.from(r.screenshot.png).toString('base64') } } : { cursor: r.cursor };
+    },
     readFile: async (req, reply) => {
       const sb = sandbox(pdk, req.params.id);
       const p = path(req.query);

@@ -220,6 +220,10 @@ static void boot(void) {
   mkdir(ROOT "/proc", 0555); mkdir(ROOT "/dev", 0755); mkdir(ROOT "/sys", 0555); mkdir(ROOT "/tmp", 01777);
   mount("proc", ROOT "/proc", "proc", 0, NULL);
   mount("devtmpfs", ROOT "/dev", "devtmpfs", 0, NULL);
+  /* Terminals (xterm, script, a PTY) need ptys; GTK and Python's multiprocessing need POSIX shm. */
+  mkdir(ROOT "/dev/pts", 0755); mkdir(ROOT "/dev/shm", 01777);
+  mount("devpts", ROOT "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "ptmxmode=0666,mode=0620");
+  mount("shm", ROOT "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size=64m");
   mount("sysfs", ROOT "/sys", "sysfs", MS_RDONLY, NULL);
   rootfd = open(ROOT, O_PATH | O_DIRECTORY | O_CLOEXEC);
 }

@@ -70,24 +70,34 @@ export interface MicrovmBackendOptions {
   accel?: string;
   /** VMMs kept started and waiting per template (0: start one per create). */
   spares?: number;
+  /** The machine and the kernel it boots: microvm (default, the cloud kernel) or q35 with a display (full VMs, the generic kernel). */
+  machine?: 'microvm' | 'q35';
+}
+
+/** A screen of a full VM, in pixels. */
+export interface ScreenSize {
+  width: number;
+  height: number;
 }
 
 /** What a template is made of: its devices must be the same in every clone. */
-interface Shape {
+export interface Shape {
   layers: string[];
   memoryMiB: number;
   cpus: number;
   diskMiB: number;
+  /** Full VMs: the display's size (QEMU's VGA offers it as the preferred mode in its EDID). */
+  screen?: ScreenSize;
 }
 
-interface Template {
+export interface Template {
   key: string;
   dir: string;
   shape: Shape;
   refs: LayerRef[];
 }
 
-interface Vmm {
+export interface Vmm {
   dir: string;
   proc: ChildProcess;
   qmp: Qmp;
@@ -96,7 +106,7 @@ interface Vmm {
   loaded?: boolean;
 }
 
-interface Vm {
+export interface Vm {
   id: string;
   dir: string;
   tmpl: Template;
@@ -130,7 +140,7 @@ const ERRNO: Record<number, [string, string]> = {
   122: ['DISK_LIMIT', "the sandbox's writable layer is full"],
 };
 
-function guestError(err: number, path: string): ProtocolError {
+export function guestError(err: number, path: string): ProtocolError {
   const [code, what] = ERRNO[err] ?? ['BACKEND_FAILED', `guest error ${err}`];
   return new ProtocolError(code as 'NOT_FOUND', `${path}: ${what}`);
 }
@@ -145,9 +155,9 @@ const alive = (pid: number) => {
 };
 
 export class MicrovmBackend implements Backend, Snapshotting {
-  readonly kind = 'microvm' as const;
-  private readonly root: string;
-  private readonly vms = new Map<string, Vm>();
+  readonly kind: 'microvm' | 'fullvm' = 'microvm';
+  protected readonly root: string;
+  protected readonly vms = new Map<string, Vm>();
   private readonly templates = new Map<string, Promise<Template>>();
   private readonly spare = new Map<string, Promise<Vmm>[]>();
   private boot?: GuestBoot;
@@ -155,13 +165,20 @@ export class MicrovmBackend implements Backend, Snapshotting {
   accel = 'tcg';
   onCrash?: (id: string, why: string) => void;
 
-  constructor(private readonly o: MicrovmBackendOptions) {
-    this.root = join(o.nodeDir, 'microvm');
+  constructor(
+    protected readonly o: MicrovmBackendOptions,
+    dirName = 'microvm',
+  ) {
+    this.root = join(o.nodeDir, dirName);
+  }
+
+  private get q35(): boolean {
+    return this.o.machine === 'q35';
   }
 
   async init(): Promise<void> {
     for (const d of ['templates', 'vms', 'snapshots']) await mkdir(join(this.root, d), { recursive: true });
-    this.boot = await guestBoot(this.o.binDir);
+    this.boot = await guestBoot(this.o.binDir, this.q35 ? 'generic' : 'cloud');
     this.tsc = await hostTscKhz();
     this.accel = this.o.accel ?? (existsSync('/dev/kvm') ? 'kvm' : 'tcg');
   }
@@ -174,9 +191,11 @@ export class MicrovmBackend implements Backend, Snapshotting {
     const boot = this.boot!;
     const append = ['console=ttyS0', 'quiet', 'panic=-1', 'rdinit=/init', `pdk.layers=${shape.layers.length}`, `pdk.disk=${shape.diskMiB}`, 'random.trust_cpu=on'];
     if (this.tsc && this.accel === 'tcg') append.push(`tsc_early_khz=${this.tsc}`);
+    // q35 for a display: its PCI bus carries QEMU's VGA (bochs DRM in the guest) and virtio-input.
+    const bus = this.q35 ? 'pci' : 'device';
     const a = [
-      '-M', 'microvm,x-option-roms=off,isa-serial=on,rtc=on',
-      '-nodefaults', '-no-user-config', '-nographic', '-no-reboot',
+      '-M', this.q35 ? 'q35' : 'microvm,x-option-roms=off,isa-serial=on,rtc=on',
+      '-nodefaults', '-no-user-config', ...(this.q35 ? ['-display', 'none'] : ['-nographic']), '-no-reboot',
       '-accel', this.accel === 'kvm' ? 'kvm' : 'tcg,tb-size=32',
       '-cpu', this.accel === 'kvm' ? 'host' : 'max',
       '-smp', String(shape.cpus),
@@ -185,7 +204,7 @@ export class MicrovmBackend implements Backend, Snapshotting {
       '-machine', 'memory-backend=mem',
       '-kernel', boot.vmlinux, '-initrd', boot.initrd, '-append', append.join(' '),
       '-serial', `file:${join(dir, 'console.log')}`,
-      '-device', 'virtio-serial-device',
+      '-device', `virtio-serial-${bus}`,
       '-chardev', `socket,id=agent,path=${sockPath(dir, 'agent.sock')},server=on,wait=off`,
       '-device', 'virtserialport,chardev=agent,name=paddock',
       '-qmp', `unix:${sockPath(dir, 'qmp.sock')},server=on,wait=off`,
@@ -195,9 +214,14 @@ export class MicrovmBackend implements Backend, Snapshotting {
       '-sandbox', 'on,obsolete=deny,elevateprivileges=deny,resourcecontrol=deny',
     ];
     shape.layers.forEach((l, i) => {
-      a.push('-drive', `id=l${i},file=${l},format=raw,if=none,readonly=on`, '-device', `virtio-blk-device,drive=l${i},serial=pdk-l${i}`);
+      a.push('-drive', `id=l${i},file=${l},format=raw,if=none,readonly=on`, '-device', `virtio-blk-${bus},drive=l${i},serial=pdk-l${i}`);
     });
-    return [...a, ...extra];
+    if (shape.screen) {
+      const { width, height } = shape.screen;
+      // A tablet, not a mouse: absolute coordinates, so a click lands where it is asked to.
+      a.push('-vga', 'none', '-device', `VGA,id=pdk-vga,edid=on,xres=${width},yres=${height},vgamem_mb=${vgaMiB(shape.screen)}`, '-device', 'virtio-keyboard-pci,id=pdk-kbd', '-device', 'virtio-tablet-pci,id=pdk-tablet');
+    }
+    return [...a, ...extra, ...this.extraArgs(dir)];
   }
 
   private async start(dir: string, shape: Shape, mem: { path: string; share: boolean }, extra: string[]): Promise<Vmm> {
@@ -218,7 +242,15 @@ export class MicrovmBackend implements Backend, Snapshotting {
     return { dir, proc, qmp, exited };
   }
 
-  private async stopVmm(v: Vmm | undefined): Promise<void> {
+  /** Arguments of a subclass's own for every VMM (a full VM's VNC socket). */
+  protected extraArgs(_dir: string): string[] {
+    return [];
+  }
+
+  /** Run in a template's guest once it answers, before its state is saved (a full VM starts its desktop). */
+  protected async prepareTemplate(_agent: AgentChannel, _image: ImageManifest, _dir: string): Promise<void> {}
+
+  protected async stopVmm(v: Vmm | undefined): Promise<void> {
     if (!v) return;
     v.qmp.close();
     if (v.proc.exitCode === null && v.proc.signalCode === null) v.proc.kill('SIGKILL');
@@ -227,28 +259,36 @@ export class MicrovmBackend implements Backend, Snapshotting {
 
   // ─── templates ────────────────────────────────────────────────────────────────────────────
 
+  /** The screen a spec asks for (full VMs); none for a microVM. */
+  protected screenOf(_spec: SandboxSpec): ScreenSize | undefined {
+    return undefined;
+  }
+
   private async shapeOf(spec: SandboxSpec): Promise<{ shape: Shape; refs: LayerRef[]; image: ImageManifest }> {
     const image = await this.o.resolve(spec);
     const refs = image.layers;
     const layers = await Promise.all(refs.map((r) => this.o.layers.acquireFile(r)));
-    return { shape: { layers, memoryMiB: spec.memoryMiB, cpus: Math.max(1, Math.ceil(spec.cpu)), diskMiB: diskMiBOf(spec) }, refs, image };
+    const shape: Shape = { layers, memoryMiB: spec.memoryMiB, cpus: Math.max(1, Math.ceil(spec.cpu)), diskMiB: diskMiBOf(spec) };
+    const screen = this.screenOf(spec);
+    if (screen) shape.screen = screen;
+    return { shape, refs, image };
   }
 
-  private template(shape: Shape, refs: LayerRef[]): Promise<Template> {
+  private template(shape: Shape, refs: LayerRef[], image: ImageManifest): Promise<Template> {
     const key = createHash('sha256')
-      .update(JSON.stringify({ boot: this.boot!.key, digests: refs.map((r) => r.digest), m: shape.memoryMiB, c: shape.cpus, d: shape.diskMiB, a: this.accel }))
+      .update(JSON.stringify({ boot: this.boot!.key, digests: refs.map((r) => r.digest), m: shape.memoryMiB, c: shape.cpus, d: shape.diskMiB, a: this.accel, s: shape.screen, k: this.kind }))
       .digest('hex')
       .slice(0, 20);
     let t = this.templates.get(key);
     if (!t) {
-      t = this.makeTemplate(key, shape, refs);
+      t = this.makeTemplate(key, shape, refs, image);
       this.templates.set(key, t);
       t.catch(() => this.templates.delete(key));
     }
     return t;
   }
 
-  private async makeTemplate(key: string, shape: Shape, refs: LayerRef[]): Promise<Template> {
+  private async makeTemplate(key: string, shape: Shape, refs: LayerRef[], image: ImageManifest): Promise<Template> {
     const dir = join(this.root, 'templates', key);
     if (existsSync(join(dir, 'dev'))) return { key, dir, shape, refs };
     const tmp = `${dir}.tmp-${randomBytes(4).toString('hex')}`;
@@ -263,6 +303,7 @@ export class MicrovmBackend implements Backend, Snapshotting {
         const agent = await AgentChannel.open(sockPath(tmp, 'agent.sock'));
         // The KVM probe is this boot: a kernel that cannot run under it never answers.
         await withTimeout(this.ping(agent, BOOT_TIMEOUT_MS), accel === 'kvm' ? 30_000 : BOOT_TIMEOUT_MS, 'the template guest did not answer');
+        await this.prepareTemplate(agent, image, tmp);
         agent.close();
         await vmm.qmp.cmd('stop');
         await vmm.qmp.cmd('migrate-set-capabilities', { capabilities: [{ capability: 'x-ignore-shared', state: true }] });
@@ -276,7 +317,7 @@ export class MicrovmBackend implements Backend, Snapshotting {
           if (e.code !== 'ENOTEMPTY' && e.code !== 'EEXIST') throw e;
           await rm(tmp, { recursive: true, force: true });
         });
-        this.o.log?.info({ key, accel, shape: { ...shape, layers: shape.layers.length } }, 'microvm template booted');
+        this.o.log?.info({ key, accel, shape: { ...shape, layers: shape.layers.length } }, `${this.kind} template booted`);
         return { key, dir, shape, refs };
       } catch (e) {
         last = e;
@@ -380,7 +421,7 @@ export class MicrovmBackend implements Backend, Snapshotting {
     this.vms.set(id, vm);
     try {
       const t0 = performance.now();
-      vm.tmpl = from?.tmpl ?? (await this.template(shape, refs));
+      vm.tmpl = from?.tmpl ?? (await this.template(shape, refs, image));
       const t1 = performance.now();
       // From a snapshot: a VMM of its own (spares hold their template's state, not the snapshot's).
       const vmm = await (from ? this.startClone(vm.tmpl) : this.takeVmm(vm.tmpl));
@@ -396,13 +437,13 @@ export class MicrovmBackend implements Backend, Snapshotting {
     }
   }
 
-  private get(id: string): Vm {
+  protected get(id: string): Vm {
     const vm = this.vms.get(id);
     if (!vm) throw new ProtocolError('NOT_FOUND', `no sandbox ${id} on this backend`);
     return vm;
   }
 
-  private running(id: string): Vm & { agent: AgentChannel; vmm: Vmm } {
+  protected running(id: string): Vm & { agent: AgentChannel; vmm: Vmm } {
     const vm = this.get(id);
     if (vm.failed) throw new ProtocolError('BACKEND_FAILED', `microvm: sandbox ${id} failed: ${vm.failed}`);
     if (!vm.agent || !vm.vmm) throw new ProtocolError('INVALID_STATE', `sandbox ${id} is not running`);
@@ -714,7 +755,15 @@ function rssOf(pid: number | undefined): number {
   }
 }
 
-function withTimeout<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
+export function withTimeout<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
   let t: NodeJS.Timeout;
   return Promise.race([p, new Promise<never>((_, reject) => (t = setTimeout(() => reject(new ProtocolError('BACKEND_FAILED', `microvm: ${what} within ${ms} ms`)), ms)))]).finally(() => clearTimeout(t));
+}
+
+/** VGA memory for a screen at 32 bits per pixel, with room for a second buffer, in MiB QEMU accepts (a power of two, 1–256). */
+function vgaMiB(s: ScreenSize): number {
+  const need = Math.ceil((s.width * s.height * 4 * 2) / (1024 * 1024));
+  let m = 4;
+  while (m < need) m *= 2;
+  return Math.min(m, 256);
 }

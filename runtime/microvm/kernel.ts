@@ -10,18 +10,34 @@
  */
 import { spawn } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
-import { access, mkdir, readdir, readFile, rename, writeFile } from 'node:fs/promises';
+import { access, mkdir, mkdtemp, readdir, readFile, rename, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { ProtocolError } from '../../protocol/index.ts';
+import { withHostLock } from '../images/lock.ts';
+import { run } from '../proc.ts';
 import { sourceFile } from '../source.ts';
 import { buildStaticBinary } from '../static-binary.ts';
 
 const AGENT_SOURCE = sourceFile('runtime/microvm/agent.c');
-const MODULES = ['virtio_mmio', 'virtio_console', 'virtio_blk', 'erofs', 'overlay'];
+
+/**
+ * Which kernel a guest boots. `cloud` (microVMs): Debian's cloud kernel, booted through its PVH
+ * entry. `generic` (full VMs): Debian's standard kernel, booted as a bzImage on q35, because only it
+ * has the display and input drivers (bochs DRM for QEMU's VGA, virtio-input); the cloud kernel has
+ * neither DRM nor any framebuffer a BIOS boot can use.
+ */
+export type KernelFlavour = 'cloud' | 'generic';
+
+const MODULES: Record<KernelFlavour, string[]> = {
+  cloud: ['virtio_mmio', 'virtio_console', 'virtio_blk', 'erofs', 'overlay'],
+  // libcrc32c (erofs needs it) finds no crc32c algorithm without modprobe: its generic driver first.
+  generic: ['crc32c_generic', 'virtio_pci', 'virtio_console', 'virtio_blk', 'erofs', 'overlay', 'bochs', 'virtio_input', 'evdev'],
+};
 
 export interface GuestBoot {
   /** The kernel release, e.g. 6.1.0-57-cloud-amd64. */
   release: string;
+  /** What QEMU's -kernel gets: the uncompressed ELF (cloud) or the bzImage (generic). */
   vmlinux: string;
   initrd: string;
   /** Names what a template was booted from: a new kernel or agent means new templates. */
@@ -34,14 +50,76 @@ const exists = (p: string) =>
     () => false,
   );
 
+interface Kernel {
+  release: string;
+  image: string;
+  /** The directory that holds lib/modules/<release>: / for an installed kernel. */
+  root: string;
+}
+
 /** The newest cloud kernel in /boot that has its modules installed. */
-async function findKernel(): Promise<{ release: string; image: string }> {
+async function findKernel(): Promise<Kernel> {
   const names = (await readdir('/boot').catch(() => [] as string[])).filter((n) => /^vmlinuz-.*-cloud-amd64$/.test(n)).sort();
   for (const n of names.reverse()) {
     const release = n.slice('vmlinuz-'.length);
-    if (await exists(`/lib/modules/${release}/modules.dep`)) return { release, image: join('/boot', n) };
+    if (await exists(`/lib/modules/${release}/modules.dep`)) return { release, image: join('/boot', n), root: '/' };
   }
   throw new ProtocolError('BACKEND_FAILED', 'microvm: no guest kernel (apt-get install linux-image-cloud-amd64; ops/setup.sh does it)');
+}
+
+export function kernelCache(): string {
+  return process.env.PADDOCK_KERNEL_CACHE || '/var/cache/paddock/kernels';
+}
+
+/**
+ * Debian's standard kernel for full VMs: one installed on the host if there is one, else the
+ * package `linux-image-amd64` depends on, downloaded once and unpacked (not installed: the host's
+ * boot loader is not touched) into the kernel cache, with its modules.dep made by depmod.
+ */
+async function findGenericKernel(): Promise<Kernel> {
+  const names = (await readdir('/boot').catch(() => [] as string[])).filter((n) => /^vmlinuz-.*-amd64$/.test(n) && !n.includes('-cloud-')).sort();
+  for (const n of names.reverse()) {
+    const release = n.slice('vmlinuz-'.length);
+    if (await exists(`/lib/modules/${release}/kernel/drivers/gpu/drm/tiny/bochs.ko`)) return { release, image: join('/boot', n), root: '/' };
+  }
+  const cache = kernelCache();
+  const cached = async (): Promise<Kernel | null> => {
+    for (const release of (await readdir(cache).catch(() => [] as string[])).filter((d) => !d.startsWith('.')).sort().reverse()) {
+      const root = join(cache, release);
+      if (await exists(join(root, 'lib/modules', release, 'modules.dep'))) return { release, image: join(root, 'boot', `vmlinuz-${release}`), root };
+    }
+    return null;
+  };
+  const have = await cached();
+  if (have) return have;
+  await mkdir(cache, { recursive: true });
+  return withHostLock(join(cache, '.fetch.lock'), async () => (await cached()) ?? fetchGenericKernel(cache), cached) as Promise<Kernel>;
+}
+
+async function fetchGenericKernel(cache: string): Promise<Kernel> {
+  const fail = (why: string) => new ProtocolError('BACKEND_FAILED', `fullvm: no guest kernel: ${why}`);
+  const show = await run('apt-cache', ['show', 'linux-image-amd64'], { timeoutMs: 60_000 }).catch((e: Error) => {
+    throw fail(`apt-cache show linux-image-amd64: ${e.message}`);
+  });
+  const dep = /^Depends:.*?(linux-image-[0-9][^\s,(]*-amd64)/m.exec(show.stdout)?.[1];
+  if (!dep) throw fail('linux-image-amd64 names no kernel package');
+  const release = dep.slice('linux-image-'.length);
+  const tmp = await mkdtemp(join(cache, '.fetch-'));
+  try {
+    await run('apt-get', ['download', '-o', 'Acquire::Retries=3', dep], { cwd: tmp, timeoutMs: 600_000 }).catch((e: Error) => {
+      throw fail(`apt-get download ${dep}: ${e.message}`);
+    });
+    const deb = (await readdir(tmp)).find((f) => f.endsWith('.deb'));
+    if (!deb) throw fail(`apt-get download ${dep} left no .deb`);
+    const root = join(tmp, 'root');
+    await run('dpkg-deb', ['-x', join(tmp, deb), root], { timeoutMs: 600_000 });
+    await run('depmod', ['-b', root, release], { timeoutMs: 120_000 });
+    await rename(root, join(cache, release));
+  } finally {
+    await rm(tmp, { recursive: true, force: true });
+  }
+  const root = join(cache, release);
+  return { release, image: join(root, 'boot', `vmlinuz-${release}`), root };
 }
 
 function decompress(cmd: string, args: string[], data: Buffer): Promise<Buffer> {
@@ -78,9 +156,9 @@ async function extractVmlinux(image: string): Promise<Buffer> {
 }
 
 /** Modules to load, each after what it depends on, as paths below /lib/modules/<release>. */
-async function moduleOrder(release: string): Promise<string[]> {
+async function moduleOrder(k: Kernel, wanted: string[]): Promise<string[]> {
   const dep = new Map<string, string[]>();
-  for (const line of (await readFile(`/lib/modules/${release}/modules.dep`, 'utf8')).split('\n')) {
+  for (const line of (await readFile(join(k.root, 'lib/modules', k.release, 'modules.dep'), 'utf8')).split('\n')) {
     const i = line.indexOf(':');
     if (i < 0) continue;
     dep.set(line.slice(0, i), line.slice(i + 1).trim().split(/\s+/).filter(Boolean));
@@ -94,7 +172,7 @@ async function moduleOrder(release: string): Promise<string[]> {
     for (const d of [...(dep.get(p) ?? [])].reverse()) visit(d);
     order.push(p);
   };
-  for (const m of MODULES) {
+  for (const m of wanted) {
     const p = byName.get(m);
     // Built in (=y) on another kernel build: nothing to load.
     if (p) visit(p);
@@ -121,12 +199,13 @@ function cpio(entries: { name: string; data?: Buffer; mode: number }[]): Buffer 
 const made = new Map<string, Promise<GuestBoot>>();
 
 /** The kernel and initramfs for this node's VMs, under `binDir` (built once per kernel and agent version). */
-export function guestBoot(binDir: string): Promise<GuestBoot> {
-  let p = made.get(binDir);
+export function guestBoot(binDir: string, flavour: KernelFlavour = 'cloud'): Promise<GuestBoot> {
+  const at = `${binDir}\0${flavour}`;
+  let p = made.get(at);
   if (!p) {
-    p = make(binDir);
-    made.set(binDir, p);
-    p.catch(() => made.delete(binDir));
+    p = make(binDir, flavour);
+    made.set(at, p);
+    p.catch(() => made.delete(at));
   }
   return p;
 }
@@ -137,16 +216,18 @@ async function writeAtomic(path: string, data: Buffer): Promise<void> {
   await rename(tmp, path);
 }
 
-async function make(binDir: string): Promise<GuestBoot> {
-  const { release, image } = await findKernel();
+async function make(binDir: string, flavour: KernelFlavour): Promise<GuestBoot> {
+  const k = flavour === 'cloud' ? await findKernel() : await findGenericKernel();
+  const { release } = k;
   const dir = join(binDir, 'microvm');
   await mkdir(dir, { recursive: true });
-  const vmlinux = join(dir, `vmlinux-${release}`);
-  if (!(await exists(vmlinux))) await writeAtomic(vmlinux, await extractVmlinux(image));
+  // q35 boots the bzImage itself (SeaBIOS' linuxboot); only microvm's PVH entry needs the ELF.
+  const vmlinux = flavour === 'cloud' ? join(dir, `vmlinux-${release}`) : k.image;
+  if (!(await exists(vmlinux))) await writeAtomic(vmlinux, await extractVmlinux(k.image));
   const agent = await buildStaticBinary(AGENT_SOURCE, binDir, 'microvm-agent', 'The microVM guest agent');
   const agentBytes = await readFile(agent);
-  const mods = await moduleOrder(release);
-  const modBytes = await Promise.all(mods.map((m) => readFile(`/lib/modules/${release}/${m}`)));
+  const mods = await moduleOrder(k, MODULES[flavour]);
+  const modBytes = await Promise.all(mods.map((m) => readFile(join(k.root, 'lib/modules', release, m))));
   const h = createHash('sha256').update(release).update(agentBytes);
   for (const b of modBytes) h.update(b);
   const key = h.digest('hex').slice(0, 16);

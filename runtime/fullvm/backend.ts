@@ -1,0 +1,137 @@
+/**
+ * The full-VM backend: a desktop in QEMU for GUI and browser agents. It is the microVM backend
+ * (the same guest agent, templates, clones, hibernate, snapshots, fork and cleanup) on a q35
+ * machine with QEMU's VGA, a virtio keyboard and a virtio tablet, booting Debian's standard
+ * kernel (bochs DRM, virtio-input). Each template starts the image's desktop (its init, e.g.
+ * the `desktop` image's X server and window manager) once and waits until it is drawn, so every
+ * clone starts with the desktop already on its screen.
+ *
+ * The screen is read through QMP (`screendump`, PNG) and input goes through QMP
+ * (`input-send-event`): nothing in the guest takes part, so an agent that kills its X server
+ * still gets screenshots (of what is left) and cannot forge or block the harness's input path.
+ */
+import { randomBytes } from 'node:crypto';
+import { readFile, rm } from 'node:fs/promises';
+import { join } from 'node:path';
+import { type ComputerAction, Limits, ProtocolError, type SandboxSpec } from '../../protocol/index.ts';
+import type { Display } from '../backend.ts';
+import type { ImageManifest } from '../images/store.ts';
+import type { AgentChannel } from '../microvm/channel.ts';
+import { MicrovmBackend, type MicrovmBackendOptions, type ScreenSize, withTimeout } from '../microvm/backend.ts';
+import { type Pointer, plan } from './input.ts';
+
+/** How long a template's desktop may take to draw under TCG (Xorg and a window manager: ~10–30 s). */
+const DESKTOP_READY_MS = 180_000;
+const READY_FILE = '/tmp/.paddock-desktop/ready';
+/**
+ * Between two input commands: virtio-input hands events to the guest through a ring of 64
+ * buffers, and QEMU drops what does not fit, so a burst (a long `type`) must let the guest drain.
+ */
+const PACE_MS = 6;
+
+interface Screen {
+  size: ScreenSize;
+  pointer: Pointer;
+  /** Actions in flight or queued: one at a time, in order, at most Limits.display.queueMax. */
+  queue: Promise<unknown>;
+  queued: number;
+}
+
+export class FullvmBackend extends MicrovmBackend implements Display {
+  override readonly kind = 'fullvm' as const;
+  private readonly screens = new Map<string, Screen>();
+
+  constructor(o: Omit<MicrovmBackendOptions, 'machine'>) {
+    super({ ...o, machine: 'q35' }, 'fullvm');
+  }
+
+  protected override screenOf(spec: SandboxSpec): ScreenSize {
+    return { width: spec.display?.width ?? Limits.display.width, height: spec.display?.height ?? Limits.display.height };
+  }
+
+  protected override async prepareTemplate(agent: AgentChannel, image: ImageManifest, dir: string): Promise<void> {
+    const init = image.init ?? [];
+    // An image that only idles has no desktop: the screen shows the kernel's console.
+    if (!init.length || (init[0] === '/bin/sleep' && init.length <= 2)) return;
+    const run = (cmd: string[]) =>
+      new Promise<number>((resolve) => {
+        agent.exec(cmd, image.env, '/', { out: () => {}, err: () => {}, exit: resolve });
+      });
+    const quoted = init.map((a) => `'${a.replace(/'/g, `'\\''`)}'`).join(' ');
+    await run(['/bin/sh', '-c', `setsid ${quoted} </dev/null >/dev/null 2>&1 &`]);
+    const deadline = Date.now() + DESKTOP_READY_MS;
+    while ((await run(['/bin/test', '-e', READY_FILE])) !== 0) {
+      if (Date.now() > deadline) {
+        throw new ProtocolError('BACKEND_FAILED', `fullvm: the desktop of image ${image.name} was not ready within ${DESKTOP_READY_MS / 1000} s (${READY_FILE}; console: ${join(dir, 'console.log')})`);
+      }
+      await new Promise((r) => setTimeout(r, 250));
+    }
+  }
+
+  override async create(id: string, spec: SandboxSpec, from?: Parameters<MicrovmBackend['create']>[2]): Promise<void> {
+    await super.create(id, spec, from);
+    const size = this.screenOf(spec);
+    this.screens.set(id, { size, pointer: { x: Math.floor(size.width / 2), y: Math.floor(size.height / 2) }, queue: Promise.resolve(), queued: 0 });
+  }
+
+  override async destroy(id: string): Promise<void> {
+    this.screens.delete(id);
+    await super.destroy(id);
+  }
+
+  private screen(id: string): Screen {
+    const s = this.screens.get(id);
+    if (!s) throw new ProtocolError('NOT_FOUND', `no sandbox ${id} on this backend`);
+    return s;
+  }
+
+  /** One at a time per sandbox, in the order asked; past the queue's bound, BUSY at once. */
+  private serial<R>(id: string, fn: () => Promise<R>): Promise<R> {
+    const s = this.screen(id);
+    if (s.queued >= Limits.display.queueMax) {
+      throw new ProtocolError('BUSY', `sandbox ${id} has ${s.queued} display actions queued (at most ${Limits.display.queueMax}): wait for their replies`, { detail: { queued: s.queued } });
+    }
+    s.queued++;
+    const p = s.queue.then(fn, fn);
+    s.queue = p.then(
+      () => {},
+      () => {},
+    );
+    return p.finally(() => s.queued--);
+  }
+
+  async screenshot(id: string): Promise<{ png: Uint8Array; width: number; height: number }> {
+    return this.serial(id, () => this.grab(id));
+  }
+
+  private async grab(id: string): Promise<{ png: Uint8Array; width: number; height: number }> {
+    const vm = this.running(id);
+    // The VM's directory is on the node's run tmpfs: the round trip through a file stays in memory.
+    const file = join(vm.dir, `screen-${randomBytes(4).toString('hex')}.png`);
+    try {
+      await withTimeout(vm.vmm.qmp.cmd('screendump', { filename: file, format: 'png' }), 10_000, 'screendump');
+      const png = await readFile(file);
+      if (png.length < 24 || png.readUInt32BE(0) !== 0x89504e47) throw new ProtocolError('BACKEND_FAILED', 'fullvm: screendump wrote no PNG');
+      return { png, width: png.readUInt32BE(16), height: png.readUInt32BE(20) };
+    } finally {
+      await rm(file, { force: true });
+    }
+  }
+
+  async act(id: string, action: ComputerAction): Promise<{ cursor: { x: number; y: number } }> {
+    const s = this.screen(id);
+    return this.serial(id, async () => {
+      const vm = this.running(id);
+      const { steps, pointer } = plan(action, s.pointer, s.size);
+      for (const st of steps) {
+        if ('sleepMs' in st) await new Promise((r) => setTimeout(r, st.sleepMs));
+        else {
+          await vm.vmm.qmp.cmd('input-send-event', { events: st.events });
+          await new Promise((r) => setTimeout(r, PACE_MS));
+        }
+      }
+      s.pointer = pointer;
+      return { cursor: { ...pointer } };
+    });
+  }
+}

@@ -1,0 +1,40 @@
+/** The full-VM backend as the node's registry sees it (runtime/backends.ts). */
+import { diskMiBOf, ProtocolError } from '../../protocol/index.ts';
+import type { BackendPlugin } from '../backend.ts';
+import { microvmPlugin } from '../microvm/index.ts';
+import { FullvmBackend } from './backend.ts';
+
+export { FullvmBackend } from './backend.ts';
+export { desktopSpec, ensureDesktopImage } from './image.ts';
+
+/** Xorg, a window manager and a few applications: less than this and the desktop swaps or dies. */
+const MIN_MEMORY_MIB = 512;
+
+export const fullvmPlugin: BackendPlugin = {
+  kind: 'fullvm',
+  capacity: microvmPlugin.capacity,
+  checkSpec: async (spec, ctx) => {
+    if (spec.network) throw new ProtocolError('INVALID_SPEC', "network: the 'fullvm' backend has no network yet (egress policies are containers' only)", { detail: { field: 'network' } });
+    if (spec.memoryMiB < MIN_MEMORY_MIB) throw new ProtocolError('INVALID_SPEC', `memoryMiB ${spec.memoryMiB}: a full VM needs at least ${MIN_MEMORY_MIB}`, { detail: { field: 'memoryMiB' } });
+    const disk = diskMiBOf(spec);
+    if (disk > spec.memoryMiB / 2) throw new ProtocolError('INVALID_SPEC', `diskMiB ${disk}: a full VM's writable layer is in its memory, at most half of memoryMiB (${spec.memoryMiB})`, { detail: { field: 'diskMiB' } });
+    await ctx.images.forSpec(spec).catch((e: ProtocolError) => {
+      if (spec.image === 'desktop' && e.code === 'INVALID_SPEC') throw new ProtocolError('INVALID_SPEC', `${e.message} (build it with: paddock image build --desktop)`, { detail: { field: 'image' } });
+      throw e;
+    });
+  },
+  async open(ctx) {
+    const b = new FullvmBackend({
+      nodeDir: ctx.cfg.nodeDir,
+      nodeId: ctx.cfg.nodeId,
+      binDir: ctx.cfg.binDir,
+      layers: ctx.images.layers,
+      resolve: (spec) => ctx.images.forSpec(spec),
+      log: ctx.log,
+      accel: ctx.env.PADDOCK_FULLVM_ACCEL || ctx.env.PADDOCK_MICROVM_ACCEL || undefined,
+      spares: ctx.env.PADDOCK_FULLVM_SPARES === undefined ? undefined : Number(ctx.env.PADDOCK_FULLVM_SPARES),
+    });
+    await b.init();
+    return b;
+  },
+};
