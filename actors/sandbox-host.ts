@@ -559,6 +559,7 @@ const HANDLERS: Record<SandboxVerb, (h: SandboxHost, req: Request) => Promise<un
   },
   stats: async (h) => (await h.backend.stats?.(h.id)) ?? {},
   'display.screenshot': async (h) => (h.backend as Backend & Display).screenshot(h.id),
+  'display.view': async (h, req) => (h.backend as Backend & Display).view(h.id, validateSandboxRequest('display.view', req.body).control === true),
   'display.action': async (h, req) => {
     const a = validateSandboxRequest('display.action', req.body);
     const b = h.backend as Backend & Display;

@@ -206,6 +206,17 @@ export const Operations: Operation[] = [
     retry: 'safe to retry',
   },
   {
+    subject: 'pdk.v1.sb.<id>.display.view',
+    kind: 'request',
+    request: 'DisplayViewRequest',
+    reply: 'DisplayViewReply',
+    replyNote: "a URL of a page on the node's loopback: the screen live over VNC (noVNC), view only unless `control`",
+    errors: [...sbErrors],
+    limits: 'backends with a display (fullvm); the URL ends with the sandbox',
+    timeout: '10 s',
+    retry: 'safe to retry (each call makes a URL of its own)',
+  },
+  {
     subject: 'pdk.v1.sb.<id>.display.action',
     kind: 'request',
     request: 'ComputerAction',

@@ -394,6 +394,19 @@ export const Screenshot = Type.Object(
 );
 export type Screenshot = Static<typeof Screenshot>;
 
+export const DisplayViewRequest = Type.Object(
+  { control: Type.Optional(Type.Boolean({ description: 'let the viewer type and click (default: view only; the node drops their input)' })) },
+  { $id: 'DisplayViewRequest', additionalProperties: false },
+);
+export const DisplayViewReply = Type.Object(
+  {
+    url: Type.String({ description: "a page on the node's loopback that shows the screen live (noVNC); `<url>/ws` is the RFB WebSocket" }),
+    control: Type.Boolean(),
+  },
+  { $id: 'DisplayViewReply' },
+);
+export type DisplayViewReply = Static<typeof DisplayViewReply>;
+
 export const ComputerReply = Type.Object(
   {
     cursor: Type.Object({ x: Type.Integer(), y: Type.Integer() }, { description: 'where the pointer is after the action' }),
@@ -608,6 +621,8 @@ export const NamedSchemas: Record<string, TSchema> = {
   ComputerAction,
   ComputerReply,
   Screenshot,
+  DisplayViewRequest,
+  DisplayViewReply,
   CreateRequest,
   CreateReply,
   LifecycleRequest,

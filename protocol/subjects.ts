@@ -149,6 +149,7 @@ const RESENDABLE = new Set([
   'files.list',
   'stats',
   'display.screenshot',
+  'display.view',
   'kill',
   'network.set',
   'rollouts.attach',

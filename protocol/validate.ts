@@ -13,6 +13,7 @@ import { Limits } from './limits.ts';
 import { validateNetworkPolicy } from './network.ts';
 import {
   ComputerAction,
+  DisplayViewRequest,
   CreateRequest,
   Empty,
   ExecCancelRequest,
@@ -336,6 +337,7 @@ export const SandboxRequests = {
   stats: Empty,
   'display.screenshot': Empty,
   'display.action': ComputerAction,
+  'display.view': DisplayViewRequest,
 } as const satisfies Record<SandboxVerb, TSchema>;
 
 /** A sandbox verb's request, checked against its schema (exec has its own: validateExec). */

@@ -44,6 +44,7 @@ export const SandboxVerbTable = {
   'network.set': { states: LIVE, wakes: false, capability: 'network', request: 'NetworkSetRequest', reply: 'NetworkSetReply' },
   stats: { states: LIVE, wakes: false, capability: 'stats', request: 'Empty', reply: 'SandboxStats' },
   'display.screenshot': { states: RUNNING, wakes: true, capability: 'display', request: 'Empty', reply: 'Screenshot' },
+  'display.view': { states: LIVE, wakes: false, capability: 'display', request: 'DisplayViewRequest', reply: 'DisplayViewReply' },
   'display.action': { states: RUNNING, wakes: true, capability: 'display', request: 'ComputerAction', reply: 'ComputerReply' },
 } as const satisfies Record<string, VerbRow>;
 

@@ -110,6 +110,8 @@ export interface Display {
   screenshot(id: string): Promise<{ png: Uint8Array; width: number; height: number }>;
   /** One computer-use action through the VMM's input devices (checked whole before anything is sent); where the pointer is afterwards. */
   act(id: string, action: ComputerAction): Promise<{ cursor: { x: number; y: number } }>;
+  /** A URL a person opens to watch the screen live; `control` lets them type and click too. */
+  view(id: string, control: boolean): Promise<{ url: string; control: boolean }>;
 }
 
 export function canSnapshot(b: Backend): b is Backend & Snapshotting {

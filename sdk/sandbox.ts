@@ -406,6 +406,15 @@ export class SandboxDisplay {
     await this.sb.computer({ action: 'left_click_drag', start_coordinate: from, coordinate: to }, opts);
   }
 
+  /**
+   * A URL a person opens in a browser to watch the screen live (noVNC on the node's loopback; the
+   * RFB WebSocket is `${url}/ws`). View only unless `control: true`.
+   */
+  async viewUrl(o: { control?: boolean } & CallOptions = {}): Promise<string> {
+    const { control, ...opts } = o;
+    return (await this.sb.call<{ url: string }>('display.view', control ? { control } : {}, opts)).url;
+  }
+
   /** Where the pointer is. */
   async cursor(opts?: CallOptions): Promise<{ x: number; y: number }> {
     return (await this.sb.computer({ action: 'cursor_position' }, opts)).cursor;

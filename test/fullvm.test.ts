@@ -7,14 +7,14 @@
  */
 import { execFileSync } from 'node:child_process';
 import { existsSync } from 'node:fs';
-import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import anyTest, { type TestFn } from 'ava';
-import { ensureDesktopImage } from '../runtime/fullvm/image.ts';
-import { ImageStore } from '../runtime/images/store.ts';
+import { WebSocket } from 'ws';
 import type { Sandbox } from '../sdk/index.ts';
-import { type ClusterContext, SHARED_IMAGES, startTestCluster, stopTestCluster } from './helpers/cluster.ts';
+import { type ClusterContext, startTestCluster, stopTestCluster } from './helpers/cluster.ts';
+import { ensureTestDesktop } from './helpers/desktop.ts';
 
 const missing = [
   process.getuid?.() === 0 ? '' : 'root',
@@ -58,11 +58,23 @@ async function waitForText(t: { context: Ctx }, sb: Sandbox, token: string, trie
 
 if (missing.length === 0) {
   ctxTest.before(async (t) => {
-    await ensureDesktopImage(new ImageStore(SHARED_IMAGES), { progress: process.stderr });
+    // On a fresh machine: the desktop image (~2 min of packages, built beside the suite by
+    // test/run.ts), the guest kernel's download and the template's boot.
+    t.timeout(15 * 60_000);
+    await ensureTestDesktop();
     Object.assign(t.context, await startTestCluster({ env: { PADDOCK_BACKENDS: 'container,fullvm' } }));
     t.context.ocrDir = await mkdtemp(join(tmpdir(), 'paddock-ocr-'));
     // The first create boots the node's desktop template (tens of seconds under TCG).
     t.context.desktop = await t.context.pdk.sandboxes.create({ backend: 'fullvm', image: 'desktop', cpu: 1, memoryMiB: 1024 }, { timeoutMs: 600_000 });
+  });
+  // A failed test shows its node's last warnings and lines: CI keeps the output, not the homes.
+  ctxTest.afterEach.always(async (t) => {
+    if (t.passed || !t.context.cluster) return;
+    for (const n of t.context.cluster.nodes) {
+      const all = (await readFile(n.logFile ?? '', 'utf8').catch(() => '')).split('\n').filter(Boolean);
+      const shown = new Set([...all.filter((l) => /"level":(40|50|60)/.test(l)).slice(-20), ...all.slice(-15)]);
+      for (const l of all) if (shown.has(l)) t.log(`${n.id}: ${l.slice(0, 400)}`);
+    }
   });
   ctxTest.after.always(async (t) => {
     await t.context.desktop?.kill().catch(() => {});
@@ -185,4 +197,87 @@ test('the screen comes from the VMM: with the X server killed inside, a screensh
   const n = qemuPids(t.context.home).length;
   t.is((await sb.kill()).state, 'stopped');
   t.is(qemuPids(t.context.home).length, n - 1, 'its VMM is gone');
+});
+
+/** An RFB session over the view's WebSocket, up to ServerInit: the screen size the VNC server announces. */
+async function rfbConnect(url: string): Promise<{ ws: WebSocket; width: number; height: number; closed: Promise<number> }> {
+  const ws = new WebSocket(`${url.replace(/^http/, 'ws')}/ws`, ['binary']);
+  let buf = Buffer.alloc(0);
+  let want: { n: number; resolve: (b: Buffer) => void } | undefined;
+  const pump = () => {
+    if (want && buf.length >= want.n) {
+      const b = buf.subarray(0, want.n);
+      buf = buf.subarray(want.n);
+      const w = want;
+      want = undefined;
+      w.resolve(b);
+    }
+  };
+  ws.on('message', (d: Buffer) => {
+    buf = Buffer.concat([buf, d]);
+    pump();
+  });
+  const read = (n: number) =>
+    new Promise<Buffer>((resolve) => {
+      want = { n, resolve };
+      pump();
+    });
+  const closed = new Promise<number>((r) => ws.on('close', (code) => r(code)));
+  await new Promise<void>((resolve, reject) => {
+    ws.once('open', () => resolve());
+    ws.once('error', reject);
+  });
+  const version = (await read(12)).toString();
+  ws.send(Buffer.from(version));
+  const n = (await read(1))[0]!;
+  const types = [...(await read(n))];
+  if (!types.includes(1)) throw new Error(`no 'None' security type: ${types}`);
+  ws.send(Buffer.from([1]));
+  await read(4);
+  ws.send(Buffer.from([1]));
+  const init = await read(24);
+  return { ws, width: init.readUInt16BE(0), height: init.readUInt16BE(2), closed };
+}
+
+const pointer = (x: number, y: number) => Buffer.from([5, 0, x >> 8, x & 255, y >> 8, y & 255]);
+
+test('a live view: a noVNC page and an RFB WebSocket on loopback; view only drops input, control moves the pointer', async (t) => {
+  const sb = t.context.desktop;
+  const url = await sb.display.viewUrl();
+  t.regex(url, /^http:\/\/127\.0\.0\.1:\d+\/v\/[A-Za-z0-9_-]{20,}$/);
+  const pageText = await (await fetch(url)).text();
+  t.regex(pageText, /core\/rfb\.js/);
+  t.regex(pageText, /viewOnly = true/);
+  t.is((await fetch(new URL('/novnc/core/rfb.js', url))).status, 200);
+  t.is((await fetch(new URL('/novnc/../package.json', url))).status, 404);
+  t.is((await fetch(`${url}x`)).status, 404);
+
+  await sb.computer({ action: 'mouse_move', coordinate: [50, 60] });
+  const ro = await rfbConnect(url);
+  t.deepEqual([ro.width, ro.height], [1024, 768]);
+  ro.ws.send(pointer(700, 500));
+  await new Promise((r) => setTimeout(r, 800));
+  t.regex((await sb.exec(['xdotool', 'getmouselocation'])).stdout, /x:50 y:60/, 'a view-only pointer event is dropped');
+  // Anything it does not know ends the connection.
+  ro.ws.send(Buffer.from([77, 0, 0, 0]));
+  t.is(await ro.closed, 1008);
+
+  const rw = await rfbConnect(await sb.display.viewUrl({ control: true }));
+  rw.ws.send(pointer(600, 400));
+  let loc = '';
+  for (let i = 0; i < 20 && !/x:600 y:400/.test(loc); i++) {
+    await new Promise((r) => setTimeout(r, 250));
+    loc = (await sb.exec(['xdotool', 'getmouselocation'])).stdout;
+  }
+  t.regex(loc, /x:600 y:400/, 'with control, the viewer moves the pointer');
+  rw.ws.close();
+});
+
+test('a view ends with its sandbox', async (t) => {
+  const sb = await t.context.pdk.sandboxes.create({ backend: 'fullvm', image: 'desktop', memoryMiB: 1024 }, { timeoutMs: 600_000 });
+  const url = await sb.display.viewUrl();
+  const v = await rfbConnect(url);
+  await sb.kill();
+  t.true((await v.closed) > 0);
+  t.is((await fetch(url)).status, 404);
 });

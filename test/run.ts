@@ -28,8 +28,10 @@ function failedFiles(out: string): string[] {
 // On a fresh machine the FnCall images take minutes to make, and the FnCall files that need them
 // come early: each waited on the image lock in one of ava's two slots while nothing else ran.
 // Started here, beside the first files, the build is done (or nearly) when they come; they take
-// the same host lock, so they wait for it or find the images, and take over if it dies.
-const prebuild = process.argv.length <= 2 ? spawn('nice', ['-n', '5', process.execPath, '--import', 'tsx', '--input-type=module', '-e', "await (await import('./test/helpers/fncall.ts')).ensureFnImages()"], { cwd: root, stdio: ['ignore', 'ignore', 'inherit'] }) : undefined;
+// the same host lock, so they wait for it or find the images, and take over if it dies. The full
+// VMs' desktop image comes after them (its test file sorts late).
+const PREBUILD = "await (await import('./test/helpers/fncall.ts')).ensureFnImages(); await (await import('./test/helpers/desktop.ts')).ensureTestDesktop()";
+const prebuild = process.argv.length <= 2 ? spawn('nice', ['-n', '5', process.execPath, '--import', 'tsx', '--input-type=module', '-e', PREBUILD], { cwd: root, stdio: ['ignore', 'ignore', 'inherit'] }) : undefined;
 prebuild?.once('exit', (code) => {
   if (code !== 0) process.stdout.write(`\npaddock: the FnCall image build beside the suite exited with ${code}; the FnCall tests make the images themselves\n`);
 });

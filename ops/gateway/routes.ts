@@ -77,6 +77,7 @@ export const Routes: Route[] = [
   { operationId: 'setNetwork', method: 'POST', path: '/v1/sandboxes/{id}/network', summary: 'Replace the egress policy', tag: 'sandboxes', params: [id], request: 'NetworkSetRequest', reply: 'NetworkSetReply' },
   { operationId: 'sandboxStats', method: 'GET', path: '/v1/sandboxes/{id}/stats', summary: 'What the sandbox uses now', tag: 'sandboxes', params: [id], reply: 'SandboxStats' },
   { operationId: 'screenshot', method: 'GET', path: '/v1/sandboxes/{id}/display/screenshot', summary: "A full VM's screen as a PNG (taken by the VMM)", tag: 'display', params: [id], reply: 'png' },
+  { operationId: 'displayView', method: 'GET', path: '/v1/sandboxes/{id}/display/view', summary: 'A URL of a live view of the screen (noVNC on the node), view only unless control=1', tag: 'display', params: [id, { name: 'control', in: 'query', description: '`1`: the viewer may type and click', schema: { type: 'boolean' } }], reply: 'DisplayViewReply' },
   { operationId: 'computerAction', method: 'POST', path: '/v1/sandboxes/{id}/computer', summary: 'One action of the computer-use action set (left_click, type, key, scroll, …)', tag: 'display', params: [id], request: 'ComputerAction', reply: 'HttpComputerReply' },
   {
     operationId: 'readFile',

@@ -235,6 +235,10 @@ function handlers(o: GatewayContext): Record<string, Handler> {
       const s = await sandbox(pdk, req.params.id).display.screenshot();
       return reply.type('image/png').header('x-screen-size', `${s.width}x${s.height}`).send(Buffer.from(s.png));
     },
+    displayView: async (req) => {
+      const control = ['1', 'true'].includes(str(req.query, 'control') ?? '');
+      return { url: await sandbox(pdk, req.params.id).display.viewUrl({ control }), control };
+    },
     computerAction: async (req) => {
       const r = await sandbox(pdk, req.params.id).computer(object(req.body, 'computer') as never);
       return r.screenshot ? { cursor: r.cursor, screenshot: { ...r.screenshot, png: Buffer.from(r.screenshot.png).toString('base64') } } : { cursor: r.cursor };

@@ -17,8 +17,9 @@ import { type ComputerAction, Limits, ProtocolError, type SandboxSpec } from '..
 import type { Display } from '../backend.ts';
 import type { ImageManifest } from '../images/store.ts';
 import type { AgentChannel } from '../microvm/channel.ts';
-import { MicrovmBackend, type MicrovmBackendOptions, type ScreenSize, withTimeout } from '../microvm/backend.ts';
+import { MicrovmBackend, type MicrovmBackendOptions, type ScreenSize, sockPath, withTimeout } from '../microvm/backend.ts';
 import { type Pointer, plan } from './input.ts';
+import { ViewServer } from './view.ts';
 
 /** How long a template's desktop may take to draw under TCG (Xorg and a window manager: ~10–30 s). */
 const DESKTOP_READY_MS = 180_000;
@@ -40,9 +41,16 @@ interface Screen {
 export class FullvmBackend extends MicrovmBackend implements Display {
   override readonly kind = 'fullvm' as const;
   private readonly screens = new Map<string, Screen>();
+  private readonly viewer: ViewServer;
 
-  constructor(o: Omit<MicrovmBackendOptions, 'machine'>) {
+  constructor(o: Omit<MicrovmBackendOptions, 'machine'> & { view?: { host: string; port: number } }) {
     super({ ...o, machine: 'q35' }, 'fullvm');
+    this.viewer = new ViewServer(o.view);
+  }
+
+  /** Every VMM's display is also a VNC server on a socket of its own, for the live view (view.ts). */
+  protected override extraArgs(dir: string): string[] {
+    return ['-vnc', `unix:${sockPath(dir, 'vnc.sock')}`];
   }
 
   protected override screenOf(spec: SandboxSpec): ScreenSize {
@@ -76,7 +84,19 @@ export class FullvmBackend extends MicrovmBackend implements Display {
 
   override async destroy(id: string): Promise<void> {
     this.screens.delete(id);
+    this.viewer.revoke(id);
     await super.destroy(id);
+  }
+
+  override async close(): Promise<void> {
+    await this.viewer.close();
+    await super.close();
+  }
+
+  /** A loopback URL of a page that shows the screen live (noVNC; `${url}/ws` is the RFB WebSocket); read-only unless `control`. */
+  async view(id: string, control: boolean): Promise<{ url: string; control: boolean }> {
+    const vm = this.get(id);
+    return { url: await this.viewer.url(id, sockPath(vm.dir, 'vnc.sock'), control), control };
   }
 
   private screen(id: string): Screen {

@@ -10,6 +10,15 @@ export { desktopSpec, ensureDesktopImage } from './image.ts';
 /** Xorg, a window manager and a few applications: less than this and the desktop swaps or dies. */
 const MIN_MEMORY_MIB = 512;
 
+/** PADDOCK_FULLVM_VIEW=host:port for the live views (default 127.0.0.1 on a free port). */
+function viewListen(v: string | undefined): { host: string; port: number } | undefined {
+  if (!v) return undefined;
+  const i = v.lastIndexOf(':');
+  const port = Number(v.slice(i + 1));
+  if (i < 0 || !Number.isInteger(port) || port < 0 || port > 65535) throw new Error(`PADDOCK_FULLVM_VIEW=${v}: expected host:port`);
+  return { host: v.slice(0, i) || '127.0.0.1', port };
+}
+
 export const fullvmPlugin: BackendPlugin = {
   kind: 'fullvm',
   capacity: microvmPlugin.capacity,
@@ -33,6 +42,7 @@ export const fullvmPlugin: BackendPlugin = {
       log: ctx.log,
       accel: ctx.env.PADDOCK_FULLVM_ACCEL || ctx.env.PADDOCK_MICROVM_ACCEL || undefined,
       spares: ctx.env.PADDOCK_FULLVM_SPARES === undefined ? undefined : Number(ctx.env.PADDOCK_FULLVM_SPARES),
+      view: viewListen(ctx.env.PADDOCK_FULLVM_VIEW),
     });
     await b.init();
     return b;

@@ -40,7 +40,7 @@ import { Qmp } from './qmp.ts';
 /** Removes a VM's directory and the sockets that may live outside it. */
 async function removeVmDir(dir: string): Promise<void> {
   await rm(dir, { recursive: true, force: true });
-  for (const f of ['qmp.sock', 'agent.sock']) await rm(sockPath(dir, f), { force: true });
+  for (const f of ['qmp.sock', 'agent.sock', 'vnc.sock']) await rm(sockPath(dir, f), { force: true });
 }
 
 /** Where a unix socket path must fit: sun_path is 108 bytes with its NUL. */
@@ -311,7 +311,7 @@ export class MicrovmBackend implements Backend, Snapshotting {
         await vmm.qmp.migrated();
         await vmm.qmp.cmd('quit').catch(() => {});
         await vmm.exited;
-        for (const f of ['qmp.sock', 'agent.sock', 'qemu.pid']) await rm(f.endsWith('.sock') ? sockPath(tmp, f) : join(tmp, f), { force: true });
+        for (const f of ['qmp.sock', 'agent.sock', 'vnc.sock', 'qemu.pid']) await rm(f.endsWith('.sock') ? sockPath(tmp, f) : join(tmp, f), { force: true });
         await rename(tmp, dir).catch(async (e: NodeJS.ErrnoException) => {
           // Made meanwhile by a node sharing the directory: use theirs.
           if (e.code !== 'ENOTEMPTY' && e.code !== 'EEXIST') throw e;
@@ -611,7 +611,7 @@ export class MicrovmBackend implements Backend, Snapshotting {
     await vm.vmm.qmp.cmd('quit').catch(() => {});
     await this.stopVmm(vm.vmm);
     v.vmm = undefined;
-    for (const f of ['qmp.sock', 'agent.sock', 'qemu.pid']) await rm(f.endsWith('.sock') ? sockPath(vm.dir, f) : join(vm.dir, f), { force: true });
+    for (const f of ['qmp.sock', 'agent.sock', 'vnc.sock', 'qemu.pid']) await rm(f.endsWith('.sock') ? sockPath(vm.dir, f) : join(vm.dir, f), { force: true });
     return { snapshotBytes: bytes, releasedBytes: rss };
   }
 

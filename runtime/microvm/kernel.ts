@@ -76,7 +76,7 @@ export function kernelCache(): string {
  * package `linux-image-amd64` depends on, downloaded once and unpacked (not installed: the host's
  * boot loader is not touched) into the kernel cache, with its modules.dep made by depmod.
  */
-async function findGenericKernel(): Promise<Kernel> {
+export async function findGenericKernel(): Promise<Kernel> {
   const names = (await readdir('/boot').catch(() => [] as string[])).filter((n) => /^vmlinuz-.*-amd64$/.test(n) && !n.includes('-cloud-')).sort();
   for (const n of names.reverse()) {
     const release = n.slice('vmlinuz-'.length);
