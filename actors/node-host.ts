@@ -17,17 +17,25 @@ import type { StepJournal } from '../chronus/journal.ts';
 import {
   type BackendKind,
   type BackendOffer,
+  check,
   type CreateReply,
+  decode,
   diskMiBOf,
   encode,
+  type ForkReply,
+  type ForkRequest,
   type GroupVerb,
   Limits,
   newSandboxId,
+  newSnapshotId,
   type NodeRecord,
   ProtocolError,
   type Resources,
   type SandboxSpec,
   type SandboxInfo,
+  Schema,
+  type SnapshotInfo,
+  type SnapshotsDeleteReply,
   scanKv,
   subjects,
   toWireError,
@@ -35,6 +43,7 @@ import {
   validateCreate,
   validateNodeGroup,
 } from '../protocol/index.ts';
+import { canSnapshot, keepsSnapshots } from '../runtime/backend.ts';
 import type { BackendSet } from '../runtime/backends.ts';
 import type { NodeConfig } from '../runtime/config.ts';
 import type { NodeImages } from '../runtime/images/node-images.ts';
@@ -44,7 +53,7 @@ import { serve, tracer } from './bind.ts';
 import type { FnHost } from './fncall-host.ts';
 import type { Inspector } from './inspect.ts';
 import { admissionState, nodeMachine, pickVictims, refusal, underPressure } from './node.ts';
-import { SandboxHost } from './sandbox-host.ts';
+import { SandboxHost, type SandboxSnapshots } from './sandbox-host.ts';
 
 /** Time as the node sees it: injected so heartbeat and pressure logic can run on a test clock. */
 export interface NodeClock {
@@ -67,6 +76,10 @@ export interface NodeHostDeps {
   directory: KV;
   /** `pdk_nodes`: node id → NodeRecord (the heartbeat). */
   nodes: KV;
+  /** `pdk_snapshots`: snapshot id → SnapshotInfo, for the snapshots on this node's disk (absent: snapshots stay unlisted). */
+  snapshots?: KV;
+  /** Disk the node's snapshots may take together, in MiB (default Limits.snapshotBudgetMiB). */
+  snapshotBudgetMiB?: number;
   backends: BackendSet;
   images: NodeImages;
   journal?: StepJournal;
@@ -86,6 +99,20 @@ export interface NodeGroupReply {
   /** hibernate: what this node's sandboxes of the group gave back. */
   releasedBytes: number;
 }
+
+/** A snapshot on this node's disk: its record, and the backend's name for it. */
+interface HeldSnapshot {
+  info: SnapshotInfo;
+  name: string;
+  /** A fork's: not listed, removed once the copies have loaded it. */
+  temporary?: boolean;
+}
+
+const MiB = 1024 * 1024;
+/** What a VM's saved state may hold beyond its RAM (device state, video memory). */
+const SNAPSHOT_OVERHEAD_MIB = 32;
+/** The fields of a spec that a snapshot fixes: the machine its state loads into. */
+const SNAPSHOT_FIXES = ['backend', 'image', 'toolkit', 'workspace', 'memoryMiB', 'cpu', 'diskMiB', 'display'] as const;
 
 /** What a sandbox of `spec` takes from a node. */
 function needOf(spec: SandboxSpec): Resources {
@@ -108,6 +135,10 @@ export class NodeHost {
   /** Ended sandboxes whose final record did not reach the directory yet. */
   private readonly unwritten = new Map<string, SandboxHost>();
   private beatFailing = false;
+  /** Snapshots on this node's disk, by id (listed ones and forks' temporary ones). */
+  private readonly snaps = new Map<string, HeldSnapshot>();
+  /** Budget held for snapshots being written: each may take its VM's whole memory. */
+  private snapReservedBytes = 0;
 
   constructor(private readonly deps: NodeHostDeps) {
     this.clock = deps.clock ?? realClock;
@@ -131,6 +162,7 @@ export class NodeHost {
   async start(): Promise<void> {
     this.imageNames = await this.deps.images.list();
     await this.markOrphans();
+    await this.loadSnapshots();
     this.supervisor.start();
     const { nc } = this.deps;
     const log = this.log;
@@ -139,6 +171,7 @@ export class NodeHost {
     this.subs.push(serve(nc, subjects.node(this.id, 'info'), { log, nodeId: this.id, name: 'node.info' }, () => this.info()));
     this.subs.push(serve(nc, subjects.node(this.id, 'drain'), { log, nodeId: this.id, name: 'node.drain' }, () => this.setDraining(true)));
     this.subs.push(serve(nc, subjects.node(this.id, 'undrain'), { log, nodeId: this.id, name: 'node.undrain' }, () => this.setDraining(false)));
+    this.subs.push(serve(nc, subjects.node(this.id, 'snapshots.delete'), { log, nodeId: this.id, name: 'node.snapshots.delete' }, (req) => this.deleteSnapshot(req.body)));
     await this.beat();
     this.timers.push(this.clock.every(this.deps.cfg.heartbeatMs, () => void this.beat()));
     this.timers.push(this.clock.every(this.deps.cfg.pressure.intervalMs, () => void this.watchMemory()));
@@ -222,7 +255,8 @@ export class NodeHost {
 
   private async info() {
     const mem = process.memoryUsage();
-    return { ...this.record(), ids: [...this.sandboxes.keys()], creates: { running: this.supervisor.getSnapshot().context.creates.running, waiting: this.turns.length }, process: { heapUsedBytes: mem.heapUsed, rssBytes: mem.rss }, layers: await this.deps.images.stats(), ...(this.deps.fn ? { fnPools: this.deps.fn.stats(), fnImages: this.deps.fn.imageStates() } : {}) };
+    const snapshots = { count: [...this.snaps.values()].filter((x) => !x.temporary).length, bytes: this.snapshotBytes(), budgetBytes: this.snapshotBudgetBytes };
+    return { ...this.record(), ids: [...this.sandboxes.keys()], snapshots, creates: { running: this.supervisor.getSnapshot().context.creates.running, waiting: this.turns.length }, process: { heapUsedBytes: mem.heapUsed, rssBytes: mem.rss }, layers: await this.deps.images.stats(), ...(this.deps.fn ? { fnPools: this.deps.fn.stats(), fnImages: this.deps.fn.imageStates() } : {}) };
   }
 
   private async beat(): Promise<void> {
@@ -267,8 +301,9 @@ export class NodeHost {
     return p.finally(() => this.creating.delete(id));
   }
 
-  private async createNew(id: string, spec: SandboxSpec): Promise<CreateReply> {
+  private async createNew(id: string, spec: SandboxSpec, from?: HeldSnapshot): Promise<CreateReply> {
     const open = this.deps.backends.for(spec.backend, this.id);
+    const snap = from ?? (spec.fromSnapshot === undefined ? undefined : this.snapshotFor(spec));
 
     // Refused before the spec's images are looked up: a trainer's creates past capacity cost the node little.
     const refused = this.refusalFor(spec, open.capacity);
@@ -290,6 +325,8 @@ export class NodeHost {
         maxPayload: this.deps.nc.info?.max_payload ?? 1024 * 1024,
         journal: this.deps.journal,
         ...(this.deps.inspect ? { inspect: this.deps.inspect } : {}),
+        ...(snap ? { restoreFrom: snap.name } : {}),
+        snapshots: this.snapshotService,
         onFinal: (h) => {
           this.sandboxes.delete(h.id);
           this.supervisor.send({ type: 'RELEASE', id: h.id });
@@ -358,6 +395,186 @@ export class NodeHost {
   private admissible(admit: { type: 'ADMIT'; id: string; kind: BackendKind; need: Resources }): void {
     const why = this.admissionRefusal(admit);
     if (why !== undefined) throw new ProtocolError('NO_CAPACITY', why);
+  }
+
+  // ─── snapshots ────────────────────────────────────────────────────────────────────────────
+
+  private get snapshotBudgetBytes(): number {
+    return (this.deps.snapshotBudgetMiB ?? Limits.snapshotBudgetMiB.default) * MiB;
+  }
+
+  /** Bytes the snapshots on this node's disk take. */
+  private snapshotBytes(): number {
+    let n = 0;
+    for (const s of this.snaps.values()) n += s.info.bytes;
+    return n;
+  }
+
+  /** The snapshot a create asks for, on this node, of the machine the spec asks for; else NOT_FOUND or INVALID_SPEC. */
+  private snapshotFor(spec: SandboxSpec): HeldSnapshot {
+    const id = spec.fromSnapshot as string;
+    const held = this.snaps.get(id);
+    if (!held || held.temporary) throw new ProtocolError('NOT_FOUND', `no snapshot ${id} on node ${this.id}`, { detail: { snapshot: id, node: this.id } });
+    const want = snapshotSpec(held.info);
+    for (const f of SNAPSHOT_FIXES) {
+      const got = f === 'diskMiB' ? diskMiBOf(spec) : spec[f];
+      if (JSON.stringify(got) !== JSON.stringify(want[f])) throw new ProtocolError('INVALID_SPEC', `${f}: snapshot ${id} was taken of a sandbox with ${f} ${JSON.stringify(want[f])}, not ${JSON.stringify(got)}`, { detail: { field: f } });
+    }
+    return held;
+  }
+
+  /** The snapshot and fork verbs of this node's sandboxes. */
+  private readonly snapshotService: SandboxSnapshots = {
+    snapshot: async (h) => (await this.takeSnapshot(h, false)).info,
+    fork: (h, req) => this.fork(h, req),
+  };
+
+  /**
+   * Saves a sandbox's state within the node's snapshot budget. Until its size is known it holds
+   * its VM's whole memory of the budget, so snapshots written at once cannot overrun it together.
+   */
+  private async takeSnapshot(h: SandboxHost, temporary: boolean): Promise<HeldSnapshot> {
+    const backend = this.deps.backends.for(h.spec.backend, this.id).backend;
+    if (!canSnapshot(backend)) throw new ProtocolError('INVALID_REQUEST', `backend ${h.spec.backend} cannot 'snapshot' (it lacks the snapshot capability)`);
+    const budget = this.snapshotBudgetBytes;
+    const reserve = (h.spec.memoryMiB + SNAPSHOT_OVERHEAD_MIB) * MiB;
+    this.withinBudget(h.id, reserve);
+    const spec = h.spec;
+    const info: SnapshotInfo = {
+      id: newSnapshotId(),
+      node: this.id,
+      backend: spec.backend,
+      image: spec.image,
+      ...(spec.toolkit ? { toolkit: spec.toolkit } : {}),
+      ...(spec.workspace ? { workspace: spec.workspace } : {}),
+      ...(spec.display ? { display: spec.display } : {}),
+      memoryMiB: spec.memoryMiB,
+      cpu: spec.cpu,
+      diskMiB: diskMiBOf(spec),
+      from: h.id,
+      bytes: 0,
+      createdAt: this.clock.now(),
+    };
+    this.snapReservedBytes += reserve;
+    let held: HeldSnapshot;
+    try {
+      const r = await backend.snapshot(h.id, { name: info.id, meta: { info, ...(temporary ? { temporary: true } : {}) } });
+      info.bytes = r.bytes;
+      held = { info, name: r.snapshot, ...(temporary ? { temporary: true } : {}) };
+    } finally {
+      this.snapReservedBytes -= reserve;
+    }
+    this.snaps.set(info.id, held);
+    if (this.snapshotBytes() + this.snapReservedBytes > budget) {
+      // Larger than its VM's memory (video memory, say): it would overrun the budget, so it goes.
+      await this.dropSnapshot(held);
+      throw this.overBudget(h.id, info.bytes);
+    }
+    if (!temporary && this.deps.snapshots) {
+      try {
+        await this.deps.snapshots.put(info.id, encode(info));
+      } catch (err) {
+        // Unlisted, no one could find or delete it: it goes.
+        await this.dropSnapshot(held).catch(() => {});
+        throw unavailable(err, 'the snapshot table');
+      }
+    }
+    this.log.info({ sandbox: h.id, snapshot: info.id, bytes: info.bytes, temporary }, 'snapshot taken');
+    return held;
+  }
+
+  /** NO_CAPACITY unless `bytes` more fit the node's snapshot budget. */
+  private withinBudget(from: string, bytes: number): void {
+    if (this.snapshotBytes() + this.snapReservedBytes + bytes > this.snapshotBudgetBytes) throw this.overBudget(from, bytes);
+  }
+
+  private overBudget(from: string, bytes: number): ProtocolError {
+    const budget = this.snapshotBudgetBytes;
+    const used = this.snapshotBytes() + this.snapReservedBytes;
+    const mib = (b: number) => Math.ceil(b / MiB);
+    return new ProtocolError(
+      'NO_CAPACITY',
+      `node ${this.id}'s snapshot budget is full: ${mib(used)} of ${mib(budget)} MiB are taken (PADDOCK_SNAPSHOT_BUDGET_MIB), and a snapshot of ${from} may need ${mib(bytes)} MiB: delete snapshots (pdk.snapshots.delete) first`,
+      { detail: { reason: 'snapshot_budget', node: this.id, usedMiB: mib(used), budgetMiB: mib(budget), needMiB: mib(bytes) } },
+    );
+  }
+
+  /** Removes a snapshot's files, then its record. */
+  private async dropSnapshot(held: HeldSnapshot): Promise<void> {
+    const b = this.deps.backends.get(held.info.backend)?.backend;
+    if (b && keepsSnapshots(b)) await b.deleteSnapshot(held.name);
+    this.snaps.delete(held.info.id);
+    if (!held.temporary) await this.deps.snapshots?.delete(held.info.id);
+  }
+
+  /** `pdk.v1.node.<node>.snapshots.delete`: idempotent; `deleted` says whether this node had it. */
+  private async deleteSnapshot(body: unknown): Promise<SnapshotsDeleteReply> {
+    const { id } = check(Schema.SnapshotsDeleteRequest, body, 'INVALID_REQUEST', 'snapshots.delete');
+    const held = this.snaps.get(id);
+    if (!held || held.temporary) {
+      // A record this node no longer backs (its files went with a disk, say): the record goes too.
+      const e = await this.deps.snapshots?.get(id).catch(() => null);
+      if (e?.operation === 'PUT' && (decode(e.value) as SnapshotInfo).node === this.id) await this.deps.snapshots?.delete(id);
+      return { deleted: false };
+    }
+    await this.dropSnapshot(held);
+    this.log.info({ snapshot: id }, 'snapshot deleted');
+    return { deleted: true };
+  }
+
+  /**
+   * The snapshots a previous run of this node left on its disk are kept and listed again; a fork's
+   * temporary one, and records of snapshots whose files are gone, are removed.
+   */
+  private async loadSnapshots(): Promise<void> {
+    for (const { backend } of this.deps.backends.all()) {
+      if (!keepsSnapshots(backend)) continue;
+      for (const s of await backend.listSnapshots()) {
+        const m = s.meta as { info?: SnapshotInfo; temporary?: boolean } | undefined;
+        if (!m?.info || m.temporary || m.info.node !== this.id) {
+          await backend.deleteSnapshot(s.snapshot);
+          continue;
+        }
+        this.snaps.set(m.info.id, { info: { ...m.info, bytes: s.bytes }, name: s.snapshot });
+      }
+    }
+    const kv = this.deps.snapshots;
+    if (!kv) return;
+    for (const { key, value } of await scanKv<SnapshotInfo>(kv)) {
+      if (value.node === this.id && !this.snaps.has(key)) await kv.delete(key);
+    }
+    for (const s of this.snaps.values()) await kv.put(s.info.id, encode(s.info));
+    if (this.snaps.size > 0) this.log.info({ snapshots: this.snaps.size, bytes: this.snapshotBytes() }, 'snapshots of a previous run kept');
+  }
+
+  /**
+   * `count` copies of a running sandbox from one snapshot of it, each through the node's admission
+   * and create path. All or none: when one cannot be made, those made are killed.
+   */
+  private async fork(h: SandboxHost, req: ForkRequest): Promise<ForkReply> {
+    const count = req.count ?? 1;
+    const { fromSnapshot: _, ...parent } = h.spec;
+    const spec: SandboxSpec = { ...parent, labels: req.labels ?? parent.labels, ttlSec: req.ttlSec ?? parent.ttlSec };
+    if (req.group !== undefined) spec.group = req.group;
+    // Room for all of them first: a snapshot no copy could use costs seconds and disk.
+    const need = needOf(spec);
+    const all: Resources = { cpu: need.cpu * count, memoryMiB: need.memoryMiB * count, sandboxes: count, ...(need.pids !== undefined ? { pids: need.pids * count } : {}), ...(need.diskMiB !== undefined ? { diskMiB: need.diskMiB * count } : {}) };
+    const why = this.admissionRefusal({ type: 'ADMIT', id: '-', kind: spec.backend, need: all });
+    if (why !== undefined) throw new ProtocolError('NO_CAPACITY', `cannot fork ${h.id} into ${count}: ${why}`, { detail: { count } });
+    const snap = await this.takeSnapshot(h, true);
+    let results: Array<PromiseSettledResult<CreateReply>>;
+    try {
+      results = await Promise.allSettled(Array.from({ length: count }, () => this.createNew(newSandboxId(), { ...spec }, snap)));
+    } finally {
+      await this.dropSnapshot(snap).catch((err: unknown) => this.log.warn({ err, snapshot: snap.info.id }, 'removing a fork snapshot failed'));
+    }
+    const made = results.flatMap((r) => (r.status === 'fulfilled' ? [r.value.sandbox] : []));
+    const failed = results.find((r): r is PromiseRejectedResult => r.status === 'rejected');
+    if (!failed) return { sandboxes: made };
+    await Promise.allSettled(made.map((info) => this.sandboxes.get(info.id)?.kill('killed')));
+    const e = failed.reason as Error;
+    const code = e instanceof ProtocolError ? e.code : 'BACKEND_FAILED';
+    throw new ProtocolError(code, `fork of ${h.id} into ${count} failed, the ${made.length} made were killed: ${e.message}`, { detail: { count, made: made.length, ...(e instanceof ProtocolError ? e.detail : {}) } });
   }
 
   /** A sandbox whose init died: it fails at once (reason crashed). */
@@ -474,4 +691,9 @@ async function applyGroupVerb(h: SandboxHost, verb: GroupVerb): Promise<number> 
       await h.lifecycle({ type: st === 'hibernated' ? 'RESTORE' : 'RESUME' });
       return 0;
   }
+}
+
+/** The spec fields a snapshot fixes, as its record has them. */
+function snapshotSpec(s: SnapshotInfo): Pick<SandboxSpec, (typeof SNAPSHOT_FIXES)[number]> {
+  return { backend: s.backend, image: s.image, toolkit: s.toolkit, workspace: s.workspace, memoryMiB: s.memoryMiB, cpu: s.cpu, diskMiB: s.diskMiB, display: s.display };
 }

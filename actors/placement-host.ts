@@ -213,7 +213,7 @@ export class PlacementHost {
   }
 
   private async create(body: unknown): Promise<CreateReply> {
-    const { spec, id = newSandboxId(), waitForCapacityMs = this.wait.ms } = validateCreate(body);
+    const { spec, id = newSandboxId(), waitForCapacityMs = this.wait.ms } = validateCreate(await this.directory.withSnapshot(body));
     let ranking = rank(this.actor.getSnapshot().context, spec, Date.now());
     if (ranking.nodes.length === 0) {
       // A reload that fails (the node table's stream electing a leader after a server died) is no

@@ -15,6 +15,8 @@ import {
   type ExecResult,
   type ExecVerdict,
   decode,
+  type ForkReply,
+  type ForkRequest,
   encode,
   isSandboxVerb,
   ProtocolError,
@@ -24,6 +26,7 @@ import {
   type SandboxState,
   type SandboxVerb,
   SandboxVerbTable,
+  type SnapshotInfo,
   subjects,
   subjectTemplate,
   unavailable,
@@ -58,6 +61,16 @@ export interface SandboxHostDeps {
   journal?: StepJournal;
   /** Sees every transition of the sandbox's actor (inspect.ts). */
   inspect?: Inspector;
+  /** Start from this snapshot of the backend (its own name for it) instead of the spec's image. */
+  restoreFrom?: string;
+  /** The node's snapshots and forks: they need its admission, disk budget and snapshot table. */
+  snapshots?: SandboxSnapshots;
+}
+
+/** What the `snapshot` and `fork` verbs ask of the node that holds the sandbox. */
+export interface SandboxSnapshots {
+  snapshot(h: SandboxHost): Promise<SnapshotInfo>;
+  fork(h: SandboxHost, req: ForkRequest): Promise<ForkReply>;
 }
 
 /** Execs one sandbox starts at once (execSlots): half the node's CPUs, so one sandbox's execs leave the other half to the rest. */
@@ -85,7 +98,11 @@ export class SandboxHost {
     actors: {
       create: fromPromise(async ({ system }) => {
         const h = SandboxHost.of(system);
-        await h.deps.backend.create(h.id, h.spec);
+        const from = h.deps.restoreFrom;
+        const b = h.deps.backend;
+        if (from === undefined) await b.create(h.id, h.spec);
+        else if (canSnapshot(b)) await b.restoreFrom(from, h.id, h.spec);
+        else throw new ProtocolError('INVALID_SPEC', `backend ${h.spec.backend} has no snapshots`, { detail: { field: 'fromSnapshot' } });
       }),
       destroy: fromPromise(async ({ system }) => {
         const h = SandboxHost.of(system);
@@ -429,6 +446,12 @@ export class SandboxHost {
     return this.deps.backend;
   }
 
+  /** @internal the node's snapshot service, for the snapshot and fork handlers. */
+  get snapshots(): SandboxSnapshots {
+    if (!this.deps.snapshots) throw new ProtocolError('UNAVAILABLE', `node ${this.deps.nodeId} keeps no snapshots`);
+    return this.deps.snapshots;
+  }
+
   /** @internal */
   cancelExec(execId: unknown): boolean {
     const ctl = typeof execId === 'string' ? this.execs.get(execId) : undefined;
@@ -566,6 +589,8 @@ const HANDLERS: Record<SandboxVerb, (h: SandboxHost, req: Request) => Promise<un
     const { cursor } = await b.act(h.id, a);
     return a.action === 'screenshot' || a.screenshot ? { cursor, screenshot: await b.screenshot(h.id) } : { cursor };
   },
+  snapshot: (h) => h.snapshots.snapshot(h),
+  fork: (h, req) => h.snapshots.fork(h, validateSandboxRequest('fork', req.body)),
 };
 
 function hasCapability(b: Backend, cap: Capability): boolean {

@@ -15,7 +15,7 @@ import { PlacementHost } from '../actors/placement-host.ts';
 import { type ChronusConfig, loadChronusConfig } from '../chronus/config.ts';
 import { Journal } from '../chronus/journal.ts';
 import { natsServers } from '../protocol/discovery.ts';
-import { Buckets, ensureBucket, type FewerReplicas, fewerReplicasWarning, replicasFor } from '../protocol/index.ts';
+import { Buckets, ensureBucket, type FewerReplicas, fewerReplicasWarning, Limits, positiveEnv, replicasFor } from '../protocol/index.ts';
 import { BackendSet } from '../runtime/backends.ts';
 import type { NodeConfig } from '../runtime/config.ts';
 import { ContainerBackend } from '../runtime/container/index.ts';
@@ -95,6 +95,7 @@ export class NodeProcess {
     const fewer = (f: FewerReplicas) => log.warn({ ...f }, fewerReplicasWarning(f));
     const directory = await ensureBucket(nc, Buckets.sandboxes, { history: 1, replicas }, fewer);
     const nodes = await ensureBucket(nc, Buckets.nodes, { history: 1, replicas }, fewer);
+    const snapshots = await ensureBucket(nc, Buckets.snapshots, { history: 1, replicas }, fewer);
     const maxPayload = nc.info?.max_payload ?? 1024 * 1024;
     this.journal = await Journal.open(nc, { nodeId: cfg.nodeId, log: log.child({ part: 'chronus' }), config: this.o.chronus ?? loadChronusConfig(env), maxPayload });
     this.journal.startSweeper();
@@ -131,7 +132,8 @@ export class NodeProcess {
     }
 
     const inspect = this.o.inspect ?? transitionInspector(log);
-    const host = new NodeHost({ nc, directory, nodes, backends: this.backends, images: this.images, journal: this.journal, fn: this.fn, cfg, log, inspect, ...(this.o.readMemory ? { readMemory: this.o.readMemory } : {}) });
+    const snapshotBudgetMiB = positiveEnv(env, 'PADDOCK_SNAPSHOT_BUDGET_MIB', Limits.snapshotBudgetMiB.default);
+    const host = new NodeHost({ nc, directory, nodes, snapshots, snapshotBudgetMiB, backends: this.backends, images: this.images, journal: this.journal, fn: this.fn, cfg, log, inspect, ...(this.o.readMemory ? { readMemory: this.o.readMemory } : {}) });
     this.host = host;
     await host.start();
     if (cfg.placement) {

@@ -24,3 +24,6 @@ export const newSandboxId = (): string => newId('sb');
 
 /** A rollout id: `ro-` + 16 base32 characters. */
 export const newRolloutId = (): string => newId('ro');
+
+/** A snapshot id: `sn-` + 16 base32 characters. */
+export const newSnapshotId = (): string => newId('sn');

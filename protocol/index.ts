@@ -78,7 +78,7 @@ export type { FewerReplicas, ScanOptions } from './kv.ts';
 export { positiveEnv } from './env.ts';
 export { check, diskMiBOf, isMap, Limits, optionalCount, requireRecord, SandboxRequests, validateCreate, validateExec, validateFnInvoke, validateNodeGroup, validatePath, validateSandboxRequest, validateSpec, validateStep } from './validate.ts';
 export type { FnInvoke } from './validate.ts';
-export { newRolloutId, newSandboxId } from './ids.ts';
+export { newRolloutId, newSandboxId, newSnapshotId } from './ids.ts';
 export { Operations, protocolJsonSchema, protocolTable } from './api.ts';
 export type { Operation } from './api.ts';
 export { Capabilities, SandboxVerbTable, verbAllowed, verbRow } from './verbs.ts';

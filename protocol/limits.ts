@@ -27,6 +27,10 @@ export const Limits = {
   requestBytesMax: 6 * 1024 * 1024,
   /** Largest create request (a spec is small; env and labels bound it). */
   createBytesMax: 512 * 1024,
+  /** Copies one fork makes at most (they start on the parent's node, from one snapshot). */
+  fork: { max: 64 },
+  /** A node's disk for snapshots of VM sandboxes, unless PADDOCK_SNAPSHOT_BUDGET_MIB says otherwise. */
+  snapshotBudgetMiB: { default: 8192 },
   /** Directory listings: sandboxes per page (a page also stays under the reply size the server can send). */
   list: { max: 5000, default: 1000 },
   rollout: {

@@ -56,6 +56,8 @@ export type {
   FnTest,
   FnTestResult,
   FnVerdict,
+  ForkReply,
+  ForkRequest,
   GroupReply,
   GroupVerb,
   IdleAction,
@@ -74,6 +76,10 @@ export type {
   SandboxState,
   SandboxStats,
   Screenshot,
+  SnapshotInfo,
+  SnapshotsDeleteReply,
+  SnapshotsListReply,
+  SnapshotsListRequest,
 } from './schema.ts';
 
 /** How a node loads layers: on first read from the store (lazy), or whole before mounting (eager). */

@@ -80,12 +80,14 @@ const TextOrBytes = (description: string) => Type.Union([Type.String(), Type.Uin
 const Count = (description: string, max = Number.MAX_SAFE_INTEGER) => Type.Integer({ minimum: 0, maximum: max, description });
 const Ms = (description: string) => Type.Number({ description });
 
-const Labels = Type.Record(Type.String({ pattern: `^[A-Za-z0-9][A-Za-z0-9_./-]{0,${Limits.labels.keyMax - 1}}$` }), Type.String({ maxLength: Limits.labels.valueMax }), {
-  additionalProperties: false,
-  maxProperties: Limits.labels.max,
-  default: {},
-  description: `string → string, at most ${Limits.labels.max}; keys [A-Za-z0-9][A-Za-z0-9_./-]*`,
-});
+const labelsOf = (extra: Record<string, unknown>) =>
+  Type.Record(Type.String({ pattern: `^[A-Za-z0-9][A-Za-z0-9_./-]{0,${Limits.labels.keyMax - 1}}$` }), Type.String({ maxLength: Limits.labels.valueMax }), {
+    additionalProperties: false,
+    maxProperties: Limits.labels.max,
+    description: `string → string, at most ${Limits.labels.max}; keys [A-Za-z0-9][A-Za-z0-9_./-]*`,
+    ...extra,
+  });
+const Labels = labelsOf({ default: {} });
 const envRecord = (extra: Record<string, unknown>) =>
   Type.Record(Type.String({ pattern: '^[A-Za-z_][A-Za-z0-9_]{0,255}$' }), Type.String({ maxLength: Limits.env.bytesMax }), {
     additionalProperties: false,
@@ -157,6 +159,9 @@ export const SandboxSpec = Type.Object(
     qos: literals(QosClasses, { default: 'ls', errorMessage: `must be one of ${QosClasses.join(', ')}, got {value}`, description: '`ls` latency-sensitive or `be` best-effort (SCHED_IDLE, low weight)' }),
     autoResume: Type.Boolean({ default: true, description: 'exec and file calls on a paused or hibernated sandbox wake it first, or fail with INVALID_STATE' }),
     display: Type.Optional(DisplaySpec),
+    fromSnapshot: Type.Optional(
+      Token('start as a copy of this snapshot (`pdk.v1.snapshots.list`): the sandbox goes to the node that holds it, and backend, image, memoryMiB, cpu, diskMiB, toolkit and workspace come from it when not given (a different value is INVALID_SPEC)', 'must be a snapshot id'),
+    ),
   },
   { $id: 'SandboxSpec', additionalProperties: false, errorMessage: 'must be a map' },
 );
@@ -419,6 +424,53 @@ export type ComputerReply = Static<typeof ComputerReply>;
 export const NetworkSetRequest = Type.Object({ policy: Type.Optional(NetworkPolicy) }, { $id: 'NetworkSetRequest' });
 export const NetworkSetReply = Type.Object({ policy: NetworkPolicy }, { $id: 'NetworkSetReply' });
 
+// ─── Snapshots (microVMs, full VMs) ─────────────────────────────────────────────────────────────
+
+/** A saved state of a running VM sandbox, kept on its node's disk until deleted: new sandboxes start from it (`spec.fromSnapshot`). */
+export const SnapshotInfo = Type.Object(
+  {
+    id: Type.String({ description: 'the snapshot id: `spec.fromSnapshot` of a create' }),
+    node: Type.String({ description: 'the node whose disk holds it: sandboxes made from it run there' }),
+    backend: literals(Backends),
+    image: Type.String(),
+    toolkit: Type.Optional(Type.String()),
+    workspace: Type.Optional(Type.String()),
+    memoryMiB: Type.Number(),
+    cpu: Type.Number({ description: 'the CPUs of the sandbox it was taken of (a sandbox made from it has as many)' }),
+    diskMiB: Type.Number({ description: 'the writable layer of the sandbox it was taken of' }),
+    display: Type.Optional(DisplaySpec),
+    from: Type.String({ description: 'the sandbox it was taken of (it may have ended since)' }),
+    bytes: Type.Integer({ minimum: 0, description: 'its size on the node’s disk' }),
+    createdAt: Ms('ms since the epoch'),
+  },
+  { $id: 'SnapshotInfo' },
+);
+export type SnapshotInfo = Static<typeof SnapshotInfo>;
+
+export const ForkRequest = Type.Object(
+  {
+    count: Type.Integer({ minimum: 1, maximum: Limits.fork.max, default: 1, description: 'how many copies', errorMessage: `must be an integer from 1 to ${Limits.fork.max}` }),
+    labels: Type.Optional(labelsOf({ description: 'labels of the copies (default: the parent’s)' })),
+    group: Type.Optional(Token('the training job of the copies (default: the parent’s)')),
+    ttlSec: Type.Optional(Type.Number({ ...range(Limits.ttlSec), description: 'lifetime of the copies (default: the parent’s ttlSec)' })),
+  },
+  { $id: 'ForkRequest', additionalProperties: false, errorMessage: 'must be a map' },
+);
+export type ForkRequest = { count?: number; labels?: Record<string, string>; group?: string; ttlSec?: number };
+export const ForkReply = Type.Object({ sandboxes: Type.Array(SandboxInfo, { description: 'the copies, running' }) }, { $id: 'ForkReply' });
+export type ForkReply = Static<typeof ForkReply>;
+
+export const SnapshotsListRequest = Type.Object(
+  { node: Type.Optional(Token('only snapshots on this node')), from: Type.Optional(Token('only snapshots of this sandbox')) },
+  { $id: 'SnapshotsListRequest' },
+);
+export type SnapshotsListRequest = Static<typeof SnapshotsListRequest>;
+export const SnapshotsListReply = Type.Object({ snapshots: Type.Array(SnapshotInfo, { description: 'oldest first' }) }, { $id: 'SnapshotsListReply' });
+export type SnapshotsListReply = Static<typeof SnapshotsListReply>;
+export const SnapshotsDeleteRequest = Type.Object({ id: Token('the snapshot') }, { $id: 'SnapshotsDeleteRequest' });
+export const SnapshotsDeleteReply = Type.Object({ deleted: Type.Boolean({ description: 'false: there was no such snapshot (deleting is idempotent)' }) }, { $id: 'SnapshotsDeleteReply' });
+export type SnapshotsDeleteReply = Static<typeof SnapshotsDeleteReply>;
+
 // ─── Groups ─────────────────────────────────────────────────────────────────────────────────────
 
 const GroupFailure = Type.Object({ id: Type.String(), node: Type.String(), code: Type.String(), message: Type.String() });
@@ -650,6 +702,13 @@ export const NamedSchemas: Record<string, TSchema> = {
   SandboxesListRequest,
   SandboxesListReply,
   SandboxesGetRequest,
+  SnapshotInfo,
+  ForkRequest,
+  ForkReply,
+  SnapshotsListRequest,
+  SnapshotsListReply,
+  SnapshotsDeleteRequest,
+  SnapshotsDeleteReply,
   RolloutRecord,
   RolloutsStartRequest,
   RolloutsAttachRequest,

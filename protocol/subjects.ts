@@ -17,6 +17,8 @@ export const Buckets = {
   sandboxes: 'pdk_sandboxes',
   /** rollout id → RolloutRecord (its sandbox, log retention): see chronus/. */
   rollouts: 'pdk_rollouts',
+  /** snapshot id → SnapshotInfo: which node's disk holds each snapshot of a VM sandbox. */
+  snapshots: 'pdk_snapshots',
   /** The bridge's leader lease (`leader` → {owner, ts}): one bridge replica acts at a time. */
   bridge: 'pdk_bridge',
 } as const;
@@ -34,7 +36,7 @@ export { isSandboxVerb, SandboxVerbs } from './verbs.ts';
 export type { SandboxVerb } from './verbs.ts';
 
 /** Verbs a node supervisor answers on `pdk.v1.node.<node>.<verb>`. */
-export const NodeVerbs = ['create', 'info', 'group', 'drain', 'undrain'] as const;
+export const NodeVerbs = ['create', 'info', 'group', 'drain', 'undrain', 'snapshots.delete'] as const;
 export type NodeVerb = (typeof NodeVerbs)[number];
 
 /** Calls on the command log (`pdk.v1.rollouts.<verb>`), answered by placement replicas. */
@@ -52,6 +54,9 @@ export const subjects = {
   /** The sandbox directory: list (filters, pages) and get, answered by placement replicas. */
   sandboxesList: `${PREFIX}.sandboxes.list`,
   sandboxesGet: `${PREFIX}.sandboxes.get`,
+  /** Snapshots of VM sandboxes: list (from `pdk_snapshots`) and delete (forwarded to the owning node), answered by placement replicas. */
+  snapshotsList: `${PREFIX}.snapshots.list`,
+  snapshotsDelete: `${PREFIX}.snapshots.delete`,
   rollouts: (verb: RolloutVerb) => `${PREFIX}.rollouts.${verb}`,
   /** FnCall: one-shot invocations, answered by any node (queue group FN_QUEUE). */
   fnInvoke: `${PREFIX}.fn.invoke`,
@@ -158,6 +163,9 @@ const RESENDABLE = new Set([
   'rollouts.export',
   'rollouts.delete',
   'nodes.list',
+  'snapshots.list',
+  'snapshots.delete',
+  'node.snapshots.delete',
   'node.info',
   'node.create',
 ]);

@@ -20,6 +20,7 @@ import {
   ExecResumeRequest,
   ExecRequest,
   type FnCompareMode,
+  ForkRequest,
   FnInvokeRequest,
   type FnLanguage,
   type FnLimits,
@@ -338,6 +339,8 @@ export const SandboxRequests = {
   'display.screenshot': Empty,
   'display.action': ComputerAction,
   'display.view': DisplayViewRequest,
+  snapshot: Empty,
+  fork: ForkRequest,
 } as const satisfies Record<SandboxVerb, TSchema>;
 
 /** A sandbox verb's request, checked against its schema (exec has its own: validateExec). */

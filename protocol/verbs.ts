@@ -46,6 +46,8 @@ export const SandboxVerbTable = {
   'display.screenshot': { states: RUNNING, wakes: true, capability: 'display', request: 'Empty', reply: 'Screenshot' },
   'display.view': { states: LIVE, wakes: false, capability: 'display', request: 'DisplayViewRequest', reply: 'DisplayViewReply' },
   'display.action': { states: RUNNING, wakes: true, capability: 'display', request: 'ComputerAction', reply: 'ComputerReply' },
+  snapshot: { states: RUNNING, wakes: true, capability: 'snapshot', request: 'Empty', reply: 'SnapshotInfo' },
+  fork: { states: RUNNING, wakes: true, capability: 'snapshot', request: 'ForkRequest', reply: 'ForkReply' },
 } as const satisfies Record<string, VerbRow>;
 
 export type SandboxVerb = keyof typeof SandboxVerbTable;

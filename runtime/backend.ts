@@ -94,14 +94,28 @@ export interface Backend {
   close(): Promise<void>;
 }
 
-/** Capability: start new sandboxes from a running one's state (microVM templates). */
+/**
+ * Capability: start new sandboxes from a running one's state (microVM templates). Snapshots are
+ * files on the node's disk: they outlive the sandbox they were taken of and the node's process.
+ */
 export interface Snapshotting {
-  /** Saves the sandbox's state under a name this backend can restore or fork from. */
-  snapshot(id: string): Promise<{ snapshot: string; bytes: number }>;
-  /** A new sandbox `newId` with the state of `snapshot`. */
+  /**
+   * Saves the sandbox's whole state under `name` (default: one the backend picks), with `meta`
+   * kept beside it; the sandbox runs on. On failure nothing of the snapshot is left.
+   */
+  snapshot(id: string, opts?: { name?: string; meta?: Record<string, unknown> }): Promise<{ snapshot: string; bytes: number }>;
+  /** A new sandbox `newId` with the state of `snapshot`; `spec` must ask for the machine it was taken of (INVALID_SPEC). */
   restoreFrom(snapshot: string, newId: string, spec: SandboxSpec): Promise<void>;
   /** A new sandbox `newId` that starts as a copy of the running `id`. */
   fork(id: string, newId: string, spec: SandboxSpec): Promise<void>;
+}
+
+/** Snapshots kept as files on the node's disk (beside Snapshotting): listed after a restart, removed by name. */
+export interface SnapshotStore {
+  /** The snapshots on this node's disk, each with the meta it was saved with. */
+  listSnapshots(): Promise<Array<{ snapshot: string; bytes: number; meta?: Record<string, unknown> }>>;
+  /** Removes a snapshot's files; nothing to do for one that is not there. */
+  deleteSnapshot(name: string): Promise<void>;
 }
 
 /** Capability: a screen and input devices (full VMs for computer use). */
@@ -116,6 +130,10 @@ export interface Display {
 
 export function canSnapshot(b: Backend): b is Backend & Snapshotting {
   return typeof (b as Partial<Snapshotting>).fork === 'function' && typeof (b as Partial<Snapshotting>).snapshot === 'function';
+}
+
+export function keepsSnapshots(b: Backend): b is Backend & Snapshotting & SnapshotStore {
+  return canSnapshot(b) && typeof (b as Partial<SnapshotStore>).listSnapshots === 'function' && typeof (b as Partial<SnapshotStore>).deleteSnapshot === 'function';
 }
 
 export function hasDisplay(b: Backend): b is Backend & Display {

@@ -30,7 +30,7 @@ import { constants as osConstants } from 'node:os';
 import { join } from 'node:path';
 import type { Logger } from 'pino';
 import { diskMiBOf, type FileEntry, Limits, ProtocolError, type SandboxSpec, type SandboxStats } from '../../protocol/index.ts';
-import { type Backend, EXEC_KILLED, type ExecOptions, type ExecOutcome, type HibernateOutcome, type SandboxFiles, type Snapshotting } from '../backend.ts';
+import { type Backend, EXEC_KILLED, type ExecOptions, type ExecOutcome, type HibernateOutcome, type SandboxFiles, type SnapshotStore, type Snapshotting } from '../backend.ts';
 import type { LayerManager } from '../images/layers.ts';
 import type { ImageManifest, LayerRef } from '../images/store.ts';
 import { AgentChannel, T } from './channel.ts';
@@ -120,6 +120,8 @@ export interface Vm {
 }
 
 const BOOT_TIMEOUT_MS = 120_000;
+/** Snapshot names are file names in the node's snapshot directory. */
+const SNAPSHOT_NAME = /^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$/;
 /** The RNG and identity a clone gets after every restore (agent.c do_sync). */
 const PIPE_GRACE_MS = 2000;
 
@@ -154,7 +156,7 @@ const alive = (pid: number) => {
   }
 };
 
-export class MicrovmBackend implements Backend, Snapshotting {
+export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore {
   readonly kind: 'microvm' | 'fullvm' = 'microvm';
   protected readonly root: string;
   protected readonly vms = new Map<string, Vm>();
@@ -656,14 +658,20 @@ export class MicrovmBackend implements Backend, Snapshotting {
 
   // ─── Snapshotting ─────────────────────────────────────────────────────────────────────────
 
-  async snapshot(id: string): Promise<{ snapshot: string; bytes: number }> {
+  async snapshot(id: string, opts: { name?: string; meta?: Record<string, unknown> } = {}): Promise<{ snapshot: string; bytes: number }> {
     const vm = this.running(id);
-    const name = `${id}-${Date.now().toString(36)}${randomBytes(3).toString('hex')}`;
+    const name = opts.name ?? `${id}-${Date.now().toString(36)}${randomBytes(3).toString('hex')}`;
+    if (!SNAPSHOT_NAME.test(name)) throw new ProtocolError('INVALID_REQUEST', `snapshot: bad name '${name}'`);
     const file = join(this.root, 'snapshots', `${name}.state`);
+    if (existsSync(file)) throw new ProtocolError('ALREADY_EXISTS', `snapshot ${name} exists`);
     let bytes: number;
     try {
       bytes = await this.save(vm, file);
-      await writeFile(join(this.root, 'snapshots', `${name}.json`), JSON.stringify({ template: vm.tmpl.key, from: id }));
+      // The meta last: a state without it is a snapshot cut short (recover removes it).
+      await writeFile(join(this.root, 'snapshots', `${name}.json`), JSON.stringify({ template: vm.tmpl.key, from: id, ...(opts.meta ? { meta: opts.meta } : {}) }));
+    } catch (e) {
+      await this.deleteSnapshot(name);
+      throw e;
     } finally {
       await vm.vmm.qmp.cmd('cont').catch(() => {});
     }
@@ -671,13 +679,28 @@ export class MicrovmBackend implements Backend, Snapshotting {
   }
 
   async restoreFrom(snapshot: string, newId: string, spec: SandboxSpec): Promise<void> {
-    if (!/^[A-Za-z0-9._-]+$/.test(snapshot)) throw new ProtocolError('INVALID_REQUEST', `snapshot: bad name '${snapshot}'`);
+    if (!SNAPSHOT_NAME.test(snapshot)) throw new ProtocolError('INVALID_REQUEST', `snapshot: bad name '${snapshot}'`);
     const meta = await readFile(join(this.root, 'snapshots', `${snapshot}.json`), 'utf8').catch(() => {
-      throw new ProtocolError('NOT_FOUND', `no snapshot ${snapshot}`);
+      throw new ProtocolError('NOT_FOUND', `no snapshot ${snapshot}`, { detail: { snapshot } });
     });
     const { template } = JSON.parse(meta) as { template: string };
-    const tmpl = await [...this.templates.values()].reduce<Promise<Template | undefined>>(async (acc, t) => (await acc) ?? (await t.then((x) => (x.key === template ? x : undefined), () => undefined)), Promise.resolve(undefined));
-    if (!tmpl) throw new ProtocolError('NOT_FOUND', `snapshot ${snapshot}: its template is gone`);
+    let tmpl = await [...this.templates.values()].reduce<Promise<Template | undefined>>(async (acc, t) => (await acc) ?? (await t.then((x) => (x.key === template ? x : undefined), () => undefined)), Promise.resolve(undefined));
+    if (!tmpl) {
+      // A node restarted since: the template of the spec's machine (on disk, or booted again). The
+      // snapshot holds every page of its RAM, so a template booted anew serves as well.
+      const { shape, refs, image } = await this.shapeOf(spec);
+      try {
+        tmpl = await this.template(shape, refs, image);
+      } finally {
+        for (const r of refs) this.o.layers.releaseFile(r);
+      }
+    }
+    const want = { memoryMiB: spec.memoryMiB, cpus: Math.max(1, Math.ceil(spec.cpu)), diskMiB: diskMiBOf(spec) };
+    const have = tmpl.shape;
+    // QEMU loads a state only into the machine it was saved from.
+    if (tmpl.key !== template || have.memoryMiB !== want.memoryMiB || have.cpus !== want.cpus || have.diskMiB !== want.diskMiB) {
+      throw new ProtocolError('INVALID_SPEC', `snapshot ${snapshot} is of another machine (${have.memoryMiB} MiB, ${have.cpus} CPUs, a ${have.diskMiB} MiB disk, its image's layers): a sandbox made from it must ask for the same`, { detail: { field: 'fromSnapshot' } });
+    }
     await this.create(newId, spec, { state: join(this.root, 'snapshots', `${snapshot}.state`), tmpl });
   }
 
@@ -690,8 +713,22 @@ export class MicrovmBackend implements Backend, Snapshotting {
     }
   }
 
+  async listSnapshots(): Promise<Array<{ snapshot: string; bytes: number; meta?: Record<string, unknown> }>> {
+    const dir = join(this.root, 'snapshots');
+    const out: Array<{ snapshot: string; bytes: number; meta?: Record<string, unknown> }> = [];
+    for (const f of await readdir(dir).catch(() => [] as string[])) {
+      if (!f.endsWith('.json')) continue;
+      const name = f.slice(0, -'.json'.length);
+      const m = await readFile(join(dir, f), 'utf8').then((t) => JSON.parse(t) as { meta?: Record<string, unknown> }, () => undefined);
+      const st = await stat(join(dir, `${name}.state`)).catch(() => undefined);
+      if (!m || !st) continue;
+      out.push({ snapshot: name, bytes: st.size, ...(m.meta ? { meta: m.meta } : {}) });
+    }
+    return out;
+  }
+
   async deleteSnapshot(name: string): Promise<void> {
-    if (!/^[A-Za-z0-9._-]+$/.test(name)) return;
+    if (!SNAPSHOT_NAME.test(name)) return;
     await rm(join(this.root, 'snapshots', `${name}.state`), { force: true });
     await rm(join(this.root, 'snapshots', `${name}.json`), { force: true });
   }
@@ -715,6 +752,13 @@ export class MicrovmBackend implements Backend, Snapshotting {
       }
       await removeVmDir(dir);
       if (meta?.id) ids.push(meta.id);
+    }
+    // Snapshots cut short (a state without its meta, or the other way round); whole ones stay.
+    const snaps = join(this.root, 'snapshots');
+    const files = new Set(await readdir(snaps).catch(() => [] as string[]));
+    for (const f of files) {
+      const [base, ext] = [f.replace(/\.(state|json)$/, ''), f.endsWith('.state') ? '.json' : '.state'];
+      if (!files.has(`${base}${ext}`)) await rm(join(snaps, f), { force: true });
     }
     // Templates whose boot was cut short.
     for (const d of await readdir(join(this.root, 'templates')).catch(() => [] as string[])) {
