@@ -9,6 +9,7 @@ import { Fn } from './fn.ts';
 import { Rollouts } from './rollouts.ts';
 import { Nodes } from './nodes.ts';
 import { Sandbox } from './sandbox.ts';
+import { Snapshots } from './snapshots.ts';
 import { type CallOptions, Transport } from './transport.ts';
 
 export interface ConnectOptions {
@@ -56,6 +57,8 @@ export class Paddock {
   readonly nodes: Nodes;
   /** One-shot invocations (FnCall): `pdk.fn.invoke({ language, code, stdin, limits, tests })`. */
   readonly fn: Fn;
+  /** Snapshots of VM sandboxes (`sb.snapshot()`): list and delete; `sandboxes.create({ fromSnapshot })` starts from one. */
+  readonly snapshots: Snapshots;
 
   private constructor(
     private readonly nc: NatsConnection,
@@ -66,6 +69,7 @@ export class Paddock {
     this.groups = new Groups(t);
     this.nodes = new Nodes(t);
     this.fn = new Fn(t);
+    this.snapshots = new Snapshots(t);
   }
 
   static async connect(opts: ConnectOptions = {}): Promise<Paddock> {

@@ -17,6 +17,8 @@ import {
   type SandboxInfo,
   type SandboxStats,
   type Screenshot,
+  type ForkReply,
+  type SnapshotInfo,
   type ComputerAction,
   type ComputerReply,
   type SandboxVerb,
@@ -64,6 +66,19 @@ export type ExecStreamEvent =
   /** Output lost for good: the stream resumed after an outage longer than the node keeps output for. */
   | { type: 'gap'; events: number; bytes: number }
   | { type: 'exit'; exitCode: number; signal?: string; durationMs: number; truncated: boolean; timedOut: boolean; verdict: ExecVerdict };
+
+export interface ForkOptions extends CallOptions {
+  /** Labels of the copies (default: this sandbox's). */
+  labels?: Record<string, string>;
+  /** Training job of the copies (default: this sandbox's). */
+  group?: string;
+  /** Lifetime of the copies (default: this sandbox's ttlSec). */
+  ttlSec?: number;
+}
+
+/** A fork's default timeout: a snapshot, then each copy's start (seconds under TCG, several at once). */
+const FORK_BASE_MS = 60_000;
+const FORK_PER_COPY_MS = 5000;
 
 /** Past the command's own timeout, how long to wait for the node's answer. */
 const REPLY_MARGIN_MS = 10_000;
@@ -341,6 +356,27 @@ export class Sandbox {
    */
   computer(action: ComputerAction, opts?: CallOptions): Promise<ComputerReply> {
     return this.call<ComputerReply>('display.action', action, { ...opts, timeoutMs: opts?.timeoutMs ?? actionTimeoutMs(action) });
+  }
+
+  /**
+   * Saves the whole state of a VM sandbox (`microvm`, `fullvm`: its files, processes and memory) on
+   * its node; it runs on. `pdk.sandboxes.create({ fromSnapshot: snap.id })` starts copies of it
+   * there, until `pdk.snapshots.delete(snap.id)`. The snapshot outlives this sandbox.
+   */
+  snapshot(opts?: CallOptions): Promise<SnapshotInfo> {
+    return this.call<SnapshotInfo>('snapshot', {}, opts);
+  }
+
+  /**
+   * `count` new sandboxes on this one's node, each a copy of it as it is now (from one snapshot,
+   * removed after): real sandboxes with records, events and a TTL. All or none: when the node
+   * cannot admit them all, none is left and NoCapacityError says why.
+   */
+  async fork(count = 1, opts: ForkOptions = {}): Promise<Sandbox[]> {
+    const { labels, group, ttlSec, timeoutMs, signal } = opts;
+    const body = { count, ...(labels !== undefined ? { labels } : {}), ...(group !== undefined ? { group } : {}), ...(ttlSec !== undefined ? { ttlSec } : {}) };
+    const r = await this.call<ForkReply>('fork', body, { timeoutMs: timeoutMs ?? FORK_BASE_MS + count * FORK_PER_COPY_MS, signal });
+    return r.sandboxes.map((info) => new Sandbox(this.t, info, this.lookup));
   }
 
   /** What the sandbox uses now (CPU seconds, memory, disk, processes), as far as its backend can tell. */
