@@ -209,6 +209,21 @@ test('groups, nodes, rollouts and lifecycle events', async (t) => {
   t.is((await call('/v1/rollouts/no-such-rollout')).status, 404);
 });
 
+test('snapshot routes: a container refuses with the capability error; list, delete of an unknown snapshot, create from one', async (t) => {
+  const id = await create();
+  t.teardown(() => fetch(`${gw.url}/v1/sandboxes/${id}`, { method: 'DELETE' }));
+  const snap = await call(`/v1/sandboxes/${id}/snapshot`, { method: 'POST' });
+  t.is(snap.status, 400);
+  t.is(snap.body.code, 'INVALID_REQUEST');
+  t.regex(snap.body.message, /lacks the snapshot capability/);
+  t.is((await call(`/v1/sandboxes/${id}/fork`, json({ count: 2 }))).body.code, 'INVALID_REQUEST');
+  t.deepEqual((await call('/v1/snapshots')).body, { snapshots: [] });
+  const del = await call('/v1/snapshots/sn-none', { method: 'DELETE' });
+  t.is(del.status, 200);
+  t.deepEqual(del.body, { deleted: false });
+  t.is((await call('/v1/sandboxes', json({ fromSnapshot: 'sn-none' }))).status, 404);
+});
+
 test('errors are JSON with a stable code; bad input is 400, unknown routes 404, oversize bodies 413', async (t) => {
   const bad = await call('/v1/sandboxes', json({ memoryMiB: 'lots' }));
   t.is(bad.status, 400);

@@ -74,6 +74,8 @@ export const Routes: Route[] = [
   lifecycle('resume', 'Resume a paused or hibernated sandbox'),
   lifecycle('hibernate', 'Freeze and give memory back to the node'),
   lifecycle('restore', 'Wake a hibernated sandbox'),
+  { operationId: 'snapshotSandbox', method: 'POST', path: '/v1/sandboxes/{id}/snapshot', summary: "Save a VM sandbox's whole state on its node (it runs on); `fromSnapshot` in a create starts copies of it", tag: 'snapshots', params: [id], reply: 'SnapshotInfo', status: 201 },
+  { operationId: 'forkSandbox', method: 'POST', path: '/v1/sandboxes/{id}/fork', summary: "`count` copies of a running VM sandbox on its node, all or none", tag: 'snapshots', params: [id], request: 'ForkRequest', reply: 'ForkReply', status: 201 },
   { operationId: 'setNetwork', method: 'POST', path: '/v1/sandboxes/{id}/network', summary: 'Replace the egress policy', tag: 'sandboxes', params: [id], request: 'NetworkSetRequest', reply: 'NetworkSetReply' },
   { operationId: 'sandboxStats', method: 'GET', path: '/v1/sandboxes/{id}/stats', summary: 'What the sandbox uses now', tag: 'sandboxes', params: [id], reply: 'SandboxStats' },
   { operationId: 'screenshot', method: 'GET', path: '/v1/sandboxes/{id}/display/screenshot', summary: "A full VM's screen as a PNG (taken by the VMM)", tag: 'display', params: [id], reply: 'png' },
@@ -119,6 +121,19 @@ export const Routes: Route[] = [
   { operationId: 'exportRollout', method: 'GET', path: '/v1/rollouts/{rolloutId}/export', summary: 'The trajectory as JSON lines, one per step', tag: 'rollouts', params: [rolloutId], reply: 'jsonl' },
   { operationId: 'deleteRollout', method: 'DELETE', path: '/v1/rollouts/{rolloutId}', summary: 'Delete the rollout and its log (`kill=1`: its sandbox too)', tag: 'rollouts', params: [rolloutId, { name: 'kill', in: 'query', description: '`1`: kill its sandbox too', schema: { type: 'boolean' } }], reply: 'none', status: 204 },
   { operationId: 'fnInvoke', method: 'POST', path: '/v1/fn/invoke', summary: 'A one-shot invocation (FnCall): program, stdin or tests, limits in; a judge verdict out', tag: 'fn', params: [{ name: 'retryBusy', in: 'query', description: '`1`: wait and retry while the nodes are busy', schema: { type: 'boolean' } }], request: 'FnInvokeRequest', reply: 'FnInvokeResult' },
+  {
+    operationId: 'listSnapshots',
+    method: 'GET',
+    path: '/v1/snapshots',
+    summary: 'Snapshots of VM sandboxes on every node, oldest first',
+    tag: 'snapshots',
+    params: [
+      { name: 'node', in: 'query', description: 'only snapshots on this node' },
+      { name: 'from', in: 'query', description: 'only snapshots of this sandbox' },
+    ],
+    reply: 'SnapshotsListReply',
+  },
+  { operationId: 'deleteSnapshot', method: 'DELETE', path: '/v1/snapshots/{id}', summary: "Remove a snapshot's files from its node (`deleted: false` when there was none)", tag: 'snapshots', params: [{ name: 'id', in: 'path', description: 'the snapshot id', required: true }], reply: 'SnapshotsDeleteReply' },
   { operationId: 'listNodes', method: 'GET', path: '/v1/nodes', summary: 'Heartbeat records of the nodes', tag: 'nodes', reply: 'NodeList' },
   { operationId: 'getNode', method: 'GET', path: '/v1/nodes/{node}', summary: 'What a node reports about itself', tag: 'nodes', params: [{ name: 'node', in: 'path', description: 'the node id', required: true }], reply: 'NodeInfo' },
   {

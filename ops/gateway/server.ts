@@ -231,6 +231,25 @@ function handlers(o: GatewayContext): Record<string, Handler> {
       return { policy: await sandbox(pdk, req.params.id).network.set((b.policy ?? b) as never) };
     },
     sandboxStats: (req) => sandbox(pdk, req.params.id).stats(),
+    snapshotSandbox: async (req, reply) => {
+      const snap = await sandbox(pdk, req.params.id).snapshot();
+      reply.code(201);
+      return snap;
+    },
+    forkSandbox: async (req, reply) => {
+      const b = req.body === undefined || req.body === null ? {} : object(req.body, 'fork');
+      const { count, labels, group, ttlSec } = b as { count?: unknown; labels?: Record<string, string>; group?: string; ttlSec?: number };
+      if (count !== undefined && typeof count !== 'number') throw new GatewayError('INVALID_REQUEST', 'count: must be an integer from 1 to 64');
+      const copies = await sandbox(pdk, req.params.id).fork(count ?? 1, { ...(labels !== undefined ? { labels } : {}), ...(group !== undefined ? { group } : {}), ...(ttlSec !== undefined ? { ttlSec } : {}) });
+      reply.code(201);
+      return { sandboxes: copies.map((c) => c.info) };
+    },
+    listSnapshots: async (req) => {
+      const node = str(req.query, 'node');
+      const from = str(req.query, 'from');
+      return { snapshots: await pdk.snapshots.list({ ...(node !== undefined ? { node: token(node, 'node') } : {}), ...(from !== undefined ? { from: token(from, 'from') } : {}) }) };
+    },
+    deleteSnapshot: async (req) => ({ deleted: await pdk.snapshots.delete(token(req.params.id, 'snapshot id')) }),
     screenshot: async (req, reply) => {
       const s = await sandbox(pdk, req.params.id).display.screenshot();
       return reply.type('image/png').header('x-screen-size', `${s.width}x${s.height}`).send(Buffer.from(s.png));
