@@ -15,7 +15,8 @@ import type { LayerManager } from '../runtime/images/layers.ts';
 import { hexOf, ImageStore, type LayerRef } from '../runtime/images/store.ts';
 import { AgentChannel, T } from '../runtime/microvm/channel.ts';
 import { MicrovmBackend } from '../runtime/microvm/index.ts';
-import { type ClusterContext, SHARED_IMAGES, startTestCluster, stopTestCluster } from './helpers/cluster.ts';
+import type { Sandbox, SnapshotInfo } from '../sdk/index.ts';
+import { type ClusterContext, restartNode, SHARED_IMAGES, startTestCluster, stopTestCluster } from './helpers/cluster.ts';
 
 const missing = [
   process.getuid?.() === 0 ? '' : 'root',
@@ -25,6 +26,8 @@ const missing = [
 const ctxTest = anyTest as TestFn<ClusterContext>;
 const test = missing.length > 0 ? ctxTest.skip : ctxTest.serial;
 if (missing.length > 0) console.log(`microvm tests skipped: needs ${missing.join(', ')}`);
+
+const MAX_SANDBOXES = 8;
 
 /** QEMU processes of this test's nodes (their command lines name the node directory). */
 function qemuPids(home: string): number[] {
@@ -39,7 +42,8 @@ function qemuPids(home: string): number[] {
 
 if (missing.length === 0) {
   ctxTest.before(async (t) => {
-    Object.assign(t.context, await startTestCluster({ env: { PADDOCK_BACKENDS: 'container,microvm' } }));
+    // Few sandboxes per node: a fork past them is refused up front, before any snapshot is taken.
+    Object.assign(t.context, await startTestCluster({ env: { PADDOCK_BACKENDS: 'container,microvm', PADDOCK_MAX_SANDBOXES: String(MAX_SANDBOXES) } }));
   });
   ctxTest.after.always(async (t) => {
     await stopTestCluster(t.context.cluster ? t.context : undefined);
@@ -126,6 +130,110 @@ test('fork: a copy of a running VM, its files and processes, that then goes its 
   t.deepEqual(qemuPids(nodeDir), []);
   t.deepEqual(await readdir(join(nodeDir, 'microvm', 'vms')), []);
   t.deepEqual(await readdir(join(nodeDir, 'microvm', 'snapshots')), []);
+});
+
+/** Files in the node's snapshot directory. */
+async function snapshotFiles(c: ClusterContext): Promise<string[]> {
+  const node = c.cluster.nodes[0];
+  if (!node) throw new Error('no node');
+  return (await readdir(join(c.home, 'nodes', node.id, 'microvm', 'snapshots'))).sort();
+}
+
+const sh = async (sb: Sandbox, cmd: string) => (await sb.exec(['sh', '-c', cmd])).stdout;
+
+/** The VM the snapshot tests below share (a boot under TCG costs seconds), and its snapshot. */
+const shared: { parent?: Sandbox; snap?: SnapshotInfo } = {};
+
+test('snapshot through the SDK: a sandbox made from it has its file and process, then goes its own way', async (t) => {
+  const { pdk } = t.context;
+  const parent = await pdk.sandboxes.create({ backend: 'microvm', memoryMiB: 256, group: 'snapjob', labels: { role: 'parent' } });
+  shared.parent = parent;
+  await sh(parent, 'echo before > /tmp/f; sleep 1000 >/dev/null 2>&1 & echo $! > /tmp/pid');
+  const snap = await parent.snapshot();
+  shared.snap = snap;
+  t.like(snap, { from: parent.id, node: parent.info.node, backend: 'microvm', image: parent.info.image, memoryMiB: 256 });
+  t.regex(snap.id, /^sn-/);
+  t.true(snap.bytes > 0);
+  t.deepEqual(await snapshotFiles(t.context), [`${snap.id}.json`, `${snap.id}.state`]);
+  t.is(await sh(parent, 'cat /tmp/f'), 'before\n', 'the parent runs on');
+
+  const copy = await pdk.sandboxes.create({ fromSnapshot: snap.id });
+  t.teardown(() => copy.kill().catch(() => {}));
+  t.like(copy.info, { backend: 'microvm', memoryMiB: 256, node: snap.node, state: 'running' });
+  t.not(copy.id, parent.id);
+  t.is(await sh(copy, 'cat /tmp/f; kill -0 $(cat /tmp/pid) && echo alive'), 'before\nalive\n');
+  await sh(copy, 'echo copy > /tmp/f');
+  t.is(await sh(parent, 'cat /tmp/f'), 'before\n');
+  t.is(await sh(copy, 'cat /tmp/f'), 'copy\n');
+  t.not(await sh(copy, 'hostname'), await sh(parent, 'hostname'));
+  t.true((await pdk.sandboxes.list({ backend: 'microvm' })).some((s) => s.id === copy.id), 'a sandbox of its own in the directory');
+
+  // The snapshot fixes the machine; an unknown one is NOT_FOUND.
+  await t.throwsAsync(pdk.sandboxes.create({ fromSnapshot: snap.id, memoryMiB: 512 }), { code: 'INVALID_SPEC', message: /memoryMiB/ } as never);
+  await t.throwsAsync(pdk.sandboxes.create({ fromSnapshot: snap.id, backend: 'container' }), { code: 'INVALID_SPEC', message: /backend/ } as never);
+  await t.throwsAsync(pdk.sandboxes.create({ fromSnapshot: 'sn-nosuchsnapshot00' }), { code: 'NOT_FOUND', message: /no snapshot/ } as never);
+});
+
+test('fork(3): three independent copies on the same node, with the parent’s group and labels; fork past capacity makes none', async (t) => {
+  const { pdk } = t.context;
+  const { parent, snap } = shared;
+  if (!parent || !snap) return t.fail('needs the snapshot test before it');
+  const kids = await parent.fork(3);
+  t.teardown(() => Promise.all(kids.map((k) => k.kill().catch(() => {}))));
+  t.is(kids.length, 3);
+  t.is(new Set([parent.id, ...kids.map((k) => k.id)]).size, 4);
+  for (const k of kids) t.like(k.info, { state: 'running', node: parent.info.node, backend: 'microvm', group: 'snapjob', labels: { role: 'parent' } });
+  await Promise.all(kids.map((k) => sh(k, `echo ${k.id} > /tmp/f`)));
+  for (const k of kids) t.is(await sh(k, 'cat /tmp/f; kill -0 $(cat /tmp/pid) && echo alive'), `${k.id}\nalive\n`);
+  t.is(await sh(parent, 'cat /tmp/f'), 'before\n');
+  const listed = (await pdk.sandboxes.list({ group: 'snapjob' })).map((s) => s.id);
+  for (const k of kids) t.true(listed.includes(k.id));
+  // The fork's own snapshot is gone with the fork; only the one taken on purpose stays.
+  t.deepEqual((await pdk.snapshots.list({ from: parent.id })).map((s) => s.id), [snap.id]);
+  t.deepEqual(await snapshotFiles(t.context), [`${snap.id}.json`, `${snap.id}.state`]);
+  await Promise.all(kids.map((k) => k.kill()));
+
+  const before = (await pdk.sandboxes.list()).length;
+  await t.throwsAsync(parent.fork(MAX_SANDBOXES), { code: 'NO_CAPACITY', message: /cannot fork/ } as never);
+  t.is((await pdk.sandboxes.list()).length, before, 'none made');
+  t.deepEqual(await snapshotFiles(t.context), [`${snap.id}.json`, `${snap.id}.state`]);
+});
+
+test('a container sandbox cannot snapshot or fork: the capability refusal', async (t) => {
+  const c = await t.context.pdk.sandboxes.create({ backend: 'container' });
+  t.teardown(() => c.kill().catch(() => {}));
+  await t.throwsAsync(c.snapshot(), { code: 'INVALID_REQUEST', message: /lacks the snapshot capability/ } as never);
+  await t.throwsAsync(c.fork(2), { code: 'INVALID_REQUEST', message: /lacks the snapshot capability/ } as never);
+});
+
+test('snapshots outlive their sandbox and a node restart; a node past its snapshot budget refuses; delete removes the files, twice is harmless', async (t) => {
+  const { pdk, cluster, home } = t.context;
+  const { parent, snap } = shared;
+  if (!parent || !snap) return t.fail('needs the snapshot test before it');
+  await parent.kill();
+  t.deepEqual((await pdk.snapshots.list()).map((s) => s.id), [snap.id], 'killing its sandbox keeps it');
+
+  const node = cluster.nodes[0];
+  if (!node) return t.fail('no node');
+  await node.stop();
+  cluster.nodes[0] = await restartNode({ cluster, home }, node.id, { PADDOCK_BACKENDS: 'container,microvm', PADDOCK_MAX_SANDBOXES: String(MAX_SANDBOXES), PADDOCK_SNAPSHOT_BUDGET_MIB: '200' });
+  t.deepEqual(await pdk.snapshots.list(), [snap], 'listed again, as it was');
+  const again = await pdk.sandboxes.create({ fromSnapshot: snap.id });
+  t.teardown(() => again.kill().catch(() => {}));
+  t.is(await sh(again, 'cat /tmp/f; kill -0 $(cat /tmp/pid) && echo alive'), 'before\nalive\n');
+
+  // 200 MiB: not room for the memory of a 256 MiB VM beside the snapshot held.
+  const err = await t.throwsAsync(again.snapshot(), { code: 'NO_CAPACITY', message: /snapshot budget/ } as never);
+  t.is((err as unknown as { detail?: { reason?: string } }).detail?.reason, 'snapshot_budget');
+  t.deepEqual((await pdk.snapshots.list()).map((s) => s.id), [snap.id]);
+  t.deepEqual(await snapshotFiles(t.context), [`${snap.id}.json`, `${snap.id}.state`], 'nothing left of the refused one');
+
+  t.true(await pdk.snapshots.delete(snap.id));
+  t.deepEqual(await pdk.snapshots.list(), []);
+  t.deepEqual(await snapshotFiles(t.context), []);
+  t.false(await pdk.snapshots.delete(snap.id), 'a second delete is harmless');
+  await t.throwsAsync(pdk.sandboxes.create({ fromSnapshot: snap.id }), { code: 'NOT_FOUND' } as never);
+  t.is(await sh(again, 'cat /tmp/f'), 'before\n', 'a sandbox made from it runs on');
 });
 
 /** The host side trusts nothing the guest sends: a frame out of bounds or of no known kind cuts the channel, the node serves on. */
