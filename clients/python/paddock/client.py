@@ -238,6 +238,17 @@ class Sandbox:
         self.info = self._http.json("DELETE", self._path(), timeout=timeout)
         return self.info
 
+    def snapshot(self, timeout: Optional[float] = None) -> Dict[str, Any]:
+        """A VM sandbox's whole state saved on its node (it runs on): a SnapshotInfo; ``sandboxes.create(from_snapshot=s["id"])`` starts from it."""
+        return self._http.json("POST", self._path("/snapshot"), timeout=timeout)
+
+    def fork(self, count: int = 1, labels: Optional[Dict[str, str]] = None, group: Optional[str] = None, ttl_sec: Optional[float] = None,
+             timeout: Optional[float] = None) -> List["Sandbox"]:
+        """``count`` copies of this VM sandbox as it is now, on its node; all or none (NoCapacityError)."""
+        body = {k: v for k, v in {"count": count, "labels": labels, "group": group, "ttlSec": ttl_sec}.items() if v is not None}
+        r = self._http.json("POST", self._path("/fork"), body=body, timeout=timeout if timeout is not None else 60.0 + 5.0 * count)
+        return [Sandbox(self._http, info) for info in r["sandboxes"]]
+
     def __enter__(self) -> "Sandbox":
         return self
 
@@ -274,7 +285,7 @@ class SandboxFiles:
 
 
 _SPEC_NAMES = {"memory_mib": "memoryMiB", "pids_limit": "pidsLimit", "disk_mib": "diskMiB", "ttl_sec": "ttlSec", "idle_timeout_sec": "idleTimeoutSec",
-               "idle_action": "idleAction", "auto_resume": "autoResume"}
+               "idle_action": "idleAction", "auto_resume": "autoResume", "from_snapshot": "fromSnapshot"}
 
 
 def _spec(kw: Dict[str, Any]) -> Dict[str, Any]:
@@ -394,6 +405,20 @@ class Nodes:
         return self._http.json("GET", f"/v1/nodes/{_quote(node)}", timeout=timeout)
 
 
+class Snapshots:
+    """Snapshots of VM sandboxes (``sb.snapshot()``), on every node."""
+
+    def __init__(self, http: _Http) -> None:
+        self._http = http
+
+    def list(self, node: Optional[str] = None, from_: Optional[str] = None, timeout: Optional[float] = None) -> List[Dict[str, Any]]:
+        return self._http.json("GET", "/v1/snapshots", query={"node": node, "from": from_}, timeout=timeout)["snapshots"]
+
+    def delete(self, id: str, timeout: Optional[float] = None) -> bool:
+        """Removes the snapshot's files from its node; False when there was none (deleting twice is harmless)."""
+        return self._http.json("DELETE", f"/v1/snapshots/{_quote(id)}", timeout=timeout)["deleted"]
+
+
 class Paddock:
     """``Paddock(url=None, api_key=None, timeout=60)``: url defaults to $PADDOCK_URL (or http://$PADDOCK_HTTP), key to $PADDOCK_API_KEY."""
 
@@ -404,6 +429,7 @@ class Paddock:
         self.rollouts = Rollouts(self._http)
         self.fn = Fn(self._http)
         self.nodes = Nodes(self._http)
+        self.snapshots = Snapshots(self._http)
 
     @property
     def url(self) -> str:

@@ -90,6 +90,15 @@ class ClientTest(unittest.TestCase):
         with self.assertRaises(paddock.UnavailableError):
             Paddock(url="http://127.0.0.1:9", timeout=2).nodes.list()
 
+    def test_snapshots_need_a_vm(self):
+        with self.assertRaises(paddock.InvalidRequestError) as cm:
+            self.sb.snapshot()
+        self.assertIn("snapshot capability", str(cm.exception))
+        self.assertEqual(self.pdk.snapshots.list(), [])
+        self.assertFalse(self.pdk.snapshots.delete("sn-nonesuch"))
+        with self.assertRaises(NotFoundError):
+            self.pdk.sandboxes.create(from_snapshot="sn-nonesuch")
+
     def test_module_command_line(self):
         env = {**os.environ, "PYTHONPATH": HERE}
         out = subprocess.run([sys.executable, "-m", "paddock", "exec", self.sb.id, "--", "sh", "-c", "echo cli; exit 7"], env=env, capture_output=True, text=True, timeout=60)
