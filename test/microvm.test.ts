@@ -149,7 +149,10 @@ test('snapshot through the SDK: a sandbox made from it has its file and process,
   const parent = await pdk.sandboxes.create({ backend: 'microvm', memoryMiB: 256, group: 'snapjob', labels: { role: 'parent' } });
   shared.parent = parent;
   await sh(parent, 'echo before > /tmp/f; sleep 1000 >/dev/null 2>&1 & echo $! > /tmp/pid');
+  // A sleeping sandbox is woken for it, as for an exec.
+  await parent.pause();
   const snap = await parent.snapshot();
+  t.is((await parent.refresh()).state, 'running');
   shared.snap = snap;
   t.like(snap, { from: parent.id, node: parent.info.node, backend: 'microvm', image: parent.info.image, memoryMiB: 256 });
   t.regex(snap.id, /^sn-/);
