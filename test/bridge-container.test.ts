@@ -9,6 +9,8 @@ import { LocalProvider } from '../bridge/providers/local/index.ts';
 import { startBridge } from '../ops/bridge-main.ts';
 import { nodeCommand } from '../ops/launch.ts';
 import { createLogger } from '../ops/log.ts';
+import { Paddock } from '../sdk/index.ts';
+import { bridgeStatesHeard } from './helpers/bridge.ts';
 import { clusterTest, SHARED_IMAGES } from './helpers/cluster.ts';
 
 const test = clusterTest({ nodes: 2, env: { PADDOCK_MAX_SANDBOXES: '1', PADDOCK_WAIT_FOR_CAPACITY_MS: '55000' } });
@@ -28,7 +30,7 @@ test('a container create past capacity runs on a machine the bridge adds, which 
   });
   try {
     while (!b.host.leading) await sleep(100);
-    await sleep(1200);
+    await bridgeStatesHeard(Paddock.connectionOf(pdk));
     const sbs = await Promise.all([1, 2, 3].map(() => pdk.sandboxes.create({ cpu: 0.1, memoryMiB: 64 })));
     const [machine] = await provider.list({ 'paddock-bridge': 'ctr' });
     t.truthy(machine);

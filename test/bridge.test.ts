@@ -16,6 +16,7 @@ import { nodeCommand } from '../ops/launch.ts';
 import { createLogger } from '../ops/log.ts';
 import { decode, subjects } from '../protocol/index.ts';
 import { Paddock, type Sandbox } from '../sdk/index.ts';
+import { bridgeStatesHeard } from './helpers/bridge.ts';
 import { clusterTest, SHARED_IMAGES } from './helpers/cluster.ts';
 
 const run = promisify(execFile);
@@ -74,7 +75,8 @@ test.serial('a burst past capacity waits for machines, every create succeeds, an
     t.regex(await cli('node', 'drain', cluster.nodes[0]?.id ?? ''), /draining/);
     await until('the node to show draining', async () => (await pdk.nodes.list()).some((n) => n.state === 'draining'));
     t.regex(await cli('node', 'undrain', cluster.nodes[0]?.id ?? ''), /serving again/);
-    await sleep(1200);
+    await until('every node to serve again', async () => (await pdk.nodes.list()).every((n) => n.state === 'serving'));
+    await bridgeStatesHeard(Paddock.connectionOf(pdk));
     const results = await burst(pdk, 3 * 2 * CAP);
     const failed = results.filter((r) => r.status === 'rejected');
     t.deepEqual(failed.map((r) => String((r as PromiseRejectedResult).reason)), []);
@@ -113,7 +115,7 @@ test.serial('a provider that fails on the second machine: waiting creates get NO
   const b = await startBridge({ natsUrl: cluster.url, provider: flaky, env: bridgeEnv('flaky'), log: createLogger('bridge', 'warn') });
   try {
     await until('the bridge to lead', () => b.host.leading);
-    await sleep(1200);
+    await bridgeStatesHeard(Paddock.connectionOf(pdk));
     const fleet = await Promise.all(Array.from({ length: 2 * CAP }, () => pdk.sandboxes.create({ backend: 'sim' })));
     const results = await burst(pdk, 2 * CAP);
     const failed = results.filter((r): r is PromiseRejectedResult => r.status === 'rejected');
@@ -148,7 +150,7 @@ test.serial('a bridge killed with SIGKILL mid-burst: its successor adopts the ma
   let successor: Awaited<ReturnType<typeof startBridge>> | undefined;
   try {
     await until('the first bridge to lead', async () => (await nc.request(subjects.bridgeStatus, new Uint8Array(), { timeout: 1000 }).then(() => true, () => false)));
-    await sleep(1200);
+    await bridgeStatesHeard(nc);
     const pending = burst(pdk, 3 * 2 * CAP);
     await until('a scale-up decision', () => decided);
     // Running, not only listed: a machine whose start the kill cuts short is released by the

@@ -5,7 +5,7 @@
 import { join } from 'node:path';
 import test from 'ava';
 import { startNats } from '../ops/nats.ts';
-import { UnknownOutcomeError } from '../sdk/index.ts';
+import { type Sandbox, UnknownOutcomeError } from '../sdk/index.ts';
 import { restartNode, startTestCluster, stopTestCluster } from './helpers/cluster.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
@@ -21,6 +21,14 @@ async function eventually<T>(f: () => Promise<T>, ms = 30_000): Promise<T> {
       await sleep(200);
     }
   }
+}
+
+/** Until a command whose line holds `marker` runs in the sandbox: the node has the step (a fixed sleep was a guess). */
+async function running(sb: Sandbox, marker: string): Promise<void> {
+  await eventually(async () => {
+    const ps = await sb.exec(['ps', '-o', 'args']);
+    if (!ps.stdout.split('\n').some((l) => l.includes(marker) && !l.includes('ps -o'))) throw new Error(`not running yet: ${marker}`);
+  });
 }
 
 test('NATS restarted between steps: the log survives and the rollout replays', async (t) => {
@@ -54,7 +62,7 @@ test('NATS restarted between steps: the log survives and the rollout replays', a
   // NATS goes away while a step runs: the node keeps trying to record the result until it is back.
   const during = third.exec('sleep 1; echo four >> /work/log; echo done', { step: 3, timeoutMs: 10_000 });
   during.catch(() => {});
-  await sleep(300);
+  await running(ro.sandbox, 'echo four');
   await nats.stop();
   nats = await startNats({ dataDir: join(c.home, 'nats'), port: c.cluster.nats.port });
   await during.catch(() => {}); // the answer itself may be lost with the connection
@@ -76,7 +84,7 @@ test('a step in flight when its node died is UNKNOWN_OUTCOME, and is never run a
   await ro.exec('echo before >> /work/log');
   const inflight = ro.exec('sleep 2; echo during >> /work/log', { timeoutMs: 5000 });
   inflight.catch(() => {});
-  await sleep(500);
+  await running(ro.sandbox, 'echo during');
   const node = cluster.nodes[0]!;
   node.proc.kill('SIGKILL');
   await node.exited;

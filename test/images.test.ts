@@ -16,6 +16,7 @@ import { parseRange, StoreServer } from '../runtime/images/server.ts';
 import { type ImageManifest, ImageStore } from '../runtime/images/store.ts';
 import { BackendError, type Paddock } from '../sdk/index.ts';
 import { type ClusterContext, SHARED_IMAGES, startTestCluster, stopTestCluster } from './helpers/cluster.ts';
+import { eventually, nodesHaveImages } from './helpers/wait.ts';
 
 interface Ctx {
   store: ImageStore;
@@ -178,7 +179,7 @@ test('lazy loading: a sandbox starts having fetched a fraction of its layers; co
   const big = randomBytes(4 * 1024 * 1024);
   const img = await layered(t, `${tag}-lazy`, { 'data/big': big, 'data/small': 'hello\n' });
   const c = await lazyCluster(t);
-  await new Promise((r) => setTimeout(r, 1100));
+  await nodesHaveImages(c.pdk, ['busybox', img.name]);
   const node = c.cluster.nodes[0]!.id;
   const ws = img.layers[0]!;
   const [a, b] = await Promise.all([c.pdk.sandboxes.create({ image: 'busybox', workspace: img.name }), c.pdk.sandboxes.create({ image: 'busybox', workspace: img.name })]);
@@ -209,7 +210,14 @@ test('composition: m base updates are m layer builds, and every environment pick
   for (let i = 0; i < envs; i++) await layered(t, `${tag}-ws${i}`, { [`task/${i}.txt`]: `task ${i}\n` }, { cwd: '/task' }, store);
   for (let u = 1; u <= updates; u++) {
     await layered(t, `${tag}-base`, { 'etc/base-version': `v${u}\n` }, {}, store);
-    await new Promise((r) => setTimeout(r, 1100));
+    // A node keeps a manifest it read for a moment (a burst of creates reads it once): until then a create may get the old base.
+    const fresh = await eventually(async () => {
+      const sb = await c.pdk.sandboxes.create({ image: 'busybox', toolkit: `${tag}-base`, workspace: `${tag}-ws0` });
+      const out = Buffer.from((await sb.exec(['cat', '/etc/base-version'])).stdout).toString();
+      await sb.kill();
+      return out === `v${u}\n`;
+    });
+    t.true(fresh, `the nodes picked base v${u} up`);
     for (let i = 0; i < envs; i++) {
       const sb = await c.pdk.sandboxes.create({ image: 'busybox', toolkit: `${tag}-base`, workspace: `${tag}-ws${i}` });
       const r = await sb.exec(['sh', '-c', `cat /etc/base-version ${i}.txt; pwd`]);
@@ -241,14 +249,14 @@ test('bad bytes: eager refuses a corrupt blob before mounting; lazy gives the re
   t.teardown(() => writeFile(blob, orig));
 
   const eager = await lazyCluster(t, { PADDOCK_LAYER_MODE: 'eager' });
-  await new Promise((r) => setTimeout(r, 1100));
+  await nodesHaveImages(eager.pdk, ['busybox', img.name]);
   const e = await t.throwsAsync(eager.pdk.sandboxes.create({ image: 'busybox', workspace: img.name }), { instanceOf: BackendError });
   t.regex(e?.message ?? '', /refusing to mount/);
   const mounts = await readFile(`/proc/${eager.cluster.nodes[0]!.proc.pid}/mountinfo`, 'utf8');
   t.false(mounts.includes(ref.digest.slice(7)), 'the corrupt layer was never mounted');
 
   const lazy = await lazyCluster(t);
-  await new Promise((r) => setTimeout(r, 1100));
+  await nodesHaveImages(lazy.pdk, ['busybox', img.name]);
   const sb = await lazy.pdk.sandboxes.create({ image: 'busybox', workspace: img.name });
   const r = await sb.exec(['dd', 'if=/data/x', 'of=/dev/null', 'bs=65536'], { timeoutMs: 20_000 });
   t.not(r.exitCode, 0);
@@ -270,7 +278,7 @@ test('the store going away mid-read gives the reader EIO within the timeout and 
   // A second image the node lists but has never fetched.
   const img2 = await layered(t, `${tag}-away2`, { 'x/y': 'z' });
   await copyImage(img2.name, new LocalLayerStore(SHARED_IMAGES), new LocalLayerStore(storeDir));
-  await new Promise((r) => setTimeout(r, 1600));
+  await nodesHaveImages(c.pdk, ['busybox', img.name, img2.name]);
   const sb = await c.pdk.sandboxes.create({ image: 'busybox', workspace: img.name });
   // The tools the test runs must be whole on the node before the store goes.
   t.is((await sb.exec(['dd', 'if=/bin/busybox', 'of=/dev/null', 'bs=65536'])).exitCode, 0);
@@ -293,7 +301,7 @@ test('a full cache evicts layers no sandbox uses instead of failing', async (t) 
   const two = await layered(t, `${tag}-evict2`, { 'd/b': randomBytes(1536 * 1024) });
   // Room for busybox (2 MiB) and one of the two, not both.
   const c = await lazyCluster(t, { PADDOCK_LAYER_CACHE_BYTES: String(4 * 1024 * 1024) });
-  await new Promise((r) => setTimeout(r, 1100));
+  await nodesHaveImages(c.pdk, ['busybox', one.name, two.name]);
   const node = c.cluster.nodes[0]!.id;
   for (const img of [one, two, one]) {
     const sb = await c.pdk.sandboxes.create({ image: 'busybox', workspace: img.name });

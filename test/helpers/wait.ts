@@ -14,3 +14,16 @@ export async function eventually<T>(probe: () => Promise<T>, ms = 30_000): Promi
     await sleep(200);
   }
 }
+
+/**
+ * Until every serving node's record lists `names`: a node reads its store's catalog at most once a
+ * second and publishes it with its heartbeat, and placement only sends a create to a node whose
+ * record has the image.
+ */
+export async function nodesHaveImages(pdk: { nodes: { query(f?: { state?: 'serving' }): Promise<{ images: string[] }[]> } }, names: string[], ms = 60_000): Promise<void> {
+  const ok = await eventually(async () => {
+    const nodes = await pdk.nodes.query({ state: 'serving' });
+    return nodes.length > 0 && nodes.every((n) => names.every((x) => n.images.includes(x)));
+  }, ms);
+  if (!ok) throw new Error(`the nodes did not list ${names.join(', ')} within ${ms} ms`);
+}
