@@ -1,42 +1,24 @@
-import { mkdir, mkdtemp, rm } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { type BrowserContext, chromium } from 'playwright-core';
+import { keepScreenshot, startBrowser } from './helpers/browser.ts';
 import { clusterTest } from './helpers/cluster.ts';
 import { startTestGateway } from './helpers/gateway.ts';
 
 const test = clusterTest();
 
-/** Where the page's screenshot is kept after the run, for a person to look at. */
-const ARTIFACTS = join(tmpdir(), 'paddock-test-artifacts');
-
-// Without the background-networking flags Chromium keeps trying hosts this machine cannot reach.
-const CHROMIUM_FLAGS = ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking', '--disable-component-update', '--disable-sync'];
-
 test('the dashboard loads without console errors, shows a new sandbox, and runs a command typed into its terminal', async (t) => {
   const gw = await startTestGateway(t.context.pdk);
-  const profile = await mkdtemp(join(tmpdir(), 'paddock-chromium-'));
-  let browser: BrowserContext | undefined;
+  const b = await startBrowser();
   t.teardown(async () => {
-    await browser?.close();
+    await b.close();
     await gw.close();
-    await rm(profile, { recursive: true, force: true });
   });
-  browser = await chromium.launchPersistentContext(profile, { executablePath: '/usr/bin/chromium', headless: true, args: CHROMIUM_FLAGS, viewport: { width: 1400, height: 1000 } });
-  const page = browser.pages()[0] ?? (await browser.newPage());
-  const errors: string[] = [];
-  page.on('console', (m) => {
-    if (m.type() === 'error') errors.push(m.text());
-  });
-  page.on('pageerror', (e) => errors.push(e.message));
+  const { page, errors } = b;
 
   /** Waits for `selector`; on a miss keeps a screenshot and says what the page reported. */
   const shown = async (selector: string, timeout: number) => {
     try {
       await page.waitForSelector(selector, { timeout });
     } catch (err) {
-      await mkdir(ARTIFACTS, { recursive: true });
-      await page.screenshot({ path: join(ARTIFACTS, 'dashboard-failed.png'), fullPage: true }).catch(() => {});
+      await keepScreenshot(page, 'dashboard-failed.png').catch(() => {});
       t.log({ selector, status: await page.textContent('#status').catch(() => null), errors });
       throw err;
     }
@@ -65,12 +47,9 @@ test('the dashboard loads without console errors, shows a new sandbox, and runs 
   t.regex((await page.textContent('#execs')) ?? '', /echo dash-.*exit 0/);
   t.regex((await page.textContent('#record')) ?? '', new RegExp(sb.id));
 
-  await mkdir(ARTIFACTS, { recursive: true });
-  const shot = join(ARTIFACTS, 'dashboard-terminal.png');
-  await page.screenshot({ path: shot, fullPage: true });
-  t.log(`screenshot: ${shot}`);
+  t.log(`screenshot: ${await keepScreenshot(page, 'dashboard-terminal.png')}`);
   await page.goto(`${gw.url}/#/`);
   await page.waitForSelector('#nodes tbody tr');
-  await page.screenshot({ path: join(ARTIFACTS, 'dashboard.png'), fullPage: true });
+  await keepScreenshot(page, 'dashboard.png');
   t.deepEqual(errors, []);
 });

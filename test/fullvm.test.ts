@@ -7,14 +7,16 @@
  */
 import { execFileSync } from 'node:child_process';
 import { existsSync } from 'node:fs';
-import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import anyTest, { type TestFn } from 'ava';
 import { WebSocket } from 'ws';
 import type { Sandbox } from '../sdk/index.ts';
+import { ARTIFACTS, keepScreenshot, startBrowser } from './helpers/browser.ts';
 import { type ClusterContext, startTestCluster, stopTestCluster } from './helpers/cluster.ts';
 import { ensureTestDesktop } from './helpers/desktop.ts';
+import { startTestGateway } from './helpers/gateway.ts';
 
 const missing = [
   process.getuid?.() === 0 ? '' : 'root',
@@ -48,12 +50,19 @@ async function ocr(t: { context: Ctx }, png: Uint8Array): Promise<string> {
 /** Screenshots until OCR finds `token` (the guest runs under TCG: a key press takes a while to show). */
 async function waitForText(t: { context: Ctx }, sb: Sandbox, token: string, tries = 40): Promise<string> {
   let text = '';
+  let png: Uint8Array = new Uint8Array();
   for (let i = 0; i < tries; i++) {
-    text = await ocr(t, (await sb.display.screenshot()).png);
+    png = (await sb.display.screenshot()).png;
+    text = await ocr(t, png);
     if (text.replace(/\s/g, '').includes(token)) return text;
     await new Promise((r) => setTimeout(r, 500));
   }
-  return text;
+  // The screen OCR could not read, for a person to look at (CI keeps the output, not the homes).
+  await mkdir(ARTIFACTS, { recursive: true });
+  const kept = join(ARTIFACTS, `fullvm-ocr-missed-${Date.now()}.png`);
+  await writeFile(kept, png);
+  // Not the token itself in what is returned: the caller looks for it there.
+  return `${text} (the screen is kept in ${kept})`;
 }
 
 if (missing.length === 0) {
@@ -236,6 +245,9 @@ async function rfbConnect(url: string): Promise<{ ws: WebSocket; width: number; 
   await read(4);
   ws.send(Buffer.from([1]));
   const init = await read(24);
+  await read(init.readUInt32BE(20));
+  // SetEncodings (Raw), as every viewer sends: QEMU's VNC server decides on it whether the pointer is absolute.
+  ws.send(Buffer.from([2, 0, 0, 1, 0, 0, 0, 0]));
   return { ws, width: init.readUInt16BE(0), height: init.readUInt16BE(2), closed };
 }
 
@@ -264,12 +276,14 @@ test('a live view: a noVNC page and an RFB WebSocket on loopback; view only drop
 
   const rw = await rfbConnect(await sb.display.viewUrl({ control: true }));
   rw.ws.send(pointer(600, 400));
+  // QEMU's VNC server scales to its tablet's axes by the screen's width, not width - 1: a pixel off.
+  const near = (s: string) => /x:(599|600|601) y:(399|400|401) /.test(s);
   let loc = '';
-  for (let i = 0; i < 20 && !/x:600 y:400/.test(loc); i++) {
+  for (let i = 0; i < 20 && !near(loc); i++) {
     await new Promise((r) => setTimeout(r, 250));
     loc = (await sb.exec(['xdotool', 'getmouselocation'])).stdout;
   }
-  t.regex(loc, /x:600 y:400/, 'with control, the viewer moves the pointer');
+  t.true(near(loc), `with control, the viewer moves the pointer: ${loc}`);
   rw.ws.close();
 });
 
@@ -280,4 +294,24 @@ test('a view ends with its sandbox', async (t) => {
   await sb.kill();
   t.true((await v.closed) > 0);
   t.is((await fetch(url)).status, 404);
+});
+
+test("the dashboard shows a full VM's screen, and its live view draws the same screen in a browser", async (t) => {
+  const sb = t.context.desktop;
+  const gw = await startTestGateway(t.context.pdk);
+  const b = await startBrowser();
+  t.teardown(async () => {
+    await b.close();
+    await gw.close();
+  });
+  await b.page.goto(`${gw.url}/#/sb/${sb.id}`);
+  // Generous bounds: what is checked is that the screen gets there, not how fast.
+  await b.page.waitForFunction("document.querySelector('#screen')?.naturalWidth === 1024", undefined, { timeout: 60_000 });
+  t.false(await b.page.isHidden('#screencard'));
+  const [view] = await Promise.all([b.browser.waitForEvent('page'), b.page.click('#liveview')]);
+  await view.waitForFunction("document.getElementById('st')?.textContent === 'live'", undefined, { timeout: 60_000 });
+  const canvas = await view.waitForFunction("(() => { const c = document.querySelector('#screen canvas'); return c && c.width > 0 ? [c.width, c.height] : null })()", undefined, { timeout: 60_000 });
+  t.deepEqual(await canvas.jsonValue(), [1024, 768]);
+  t.log(`screenshots: ${await keepScreenshot(b.page, 'dashboard-fullvm.png')}, ${await keepScreenshot(view, 'live-view.png')}`);
+  t.deepEqual(b.errors, []);
 });

@@ -18,7 +18,7 @@ import type { Display } from '../backend.ts';
 import type { ImageManifest } from '../images/store.ts';
 import type { AgentChannel } from '../microvm/channel.ts';
 import { MicrovmBackend, type MicrovmBackendOptions, type ScreenSize, sockPath, withTimeout } from '../microvm/backend.ts';
-import { type Pointer, plan } from './input.ts';
+import { moveTo, type Pointer, plan } from './input.ts';
 import { ViewServer } from './view.ts';
 
 /** How long a template's desktop may take to draw under TCG (Xorg and a window manager: ~10–30 s). */
@@ -29,6 +29,8 @@ const READY_FILE = '/tmp/.paddock-desktop/ready';
  * buffers, and QEMU drops what does not fit, so a burst (a long `type`) must let the guest drain.
  */
 const PACE_MS = 6;
+/** How long a VM just started or restored may take before its X server sees input from the VMM. */
+const INPUT_SETTLE_MS = 20_000;
 
 interface Screen {
   size: ScreenSize;
@@ -80,6 +82,42 @@ export class FullvmBackend extends MicrovmBackend implements Display {
     await super.create(id, spec, from);
     const size = this.screenOf(spec);
     this.screens.set(id, { size, pointer: { x: Math.floor(size.width / 2), y: Math.floor(size.height / 2) }, queue: Promise.resolve(), queued: 0 });
+    await this.inputSettled(id);
+  }
+
+  override async restore(id: string): Promise<void> {
+    await super.restore(id);
+    await this.inputSettled(id);
+  }
+
+  /**
+   * Until the guest's X server sees a pointer move sent through the VMM. A VM just started from a
+   * template (or restored) drops the input it is sent for a moment: a key sent as soon as create
+   * returned was lost in every try here, one sent a second later never. So create and restore end
+   * only once a probe move arrives (a point beside the pointer, then back). An image without X
+   * (no xdotool, no display) has nothing to wait for.
+   */
+  private async inputSettled(id: string): Promise<void> {
+    const s = this.screen(id);
+    const vm = this.running(id);
+    const probe = { x: s.pointer.x > 0 ? s.pointer.x - 1 : 1, y: s.pointer.y };
+    const t0 = Date.now();
+    const deadline = t0 + INPUT_SETTLE_MS;
+    for (let tries = 1; ; tries++) {
+      await vm.vmm.qmp.cmd('input-send-event', { events: moveTo(probe, s.size) });
+      const r = await this.exec(id, { cmd: ['xdotool', 'getmouselocation'], env: { DISPLAY: ':0' }, timeoutMs: 5000, maxOutputBytes: 4096 });
+      if (r.exitCode !== 0) return;
+      if (r.stdout.toString().startsWith(`x:${probe.x} y:${probe.y} `)) {
+        this.o.log?.debug({ id, tries, ms: Date.now() - t0 }, 'fullvm: input arrives');
+        break;
+      }
+      if (Date.now() > deadline) {
+        this.o.log?.warn({ id, seen: r.stdout.toString().trim() }, `fullvm: X did not see input from the VMM within ${INPUT_SETTLE_MS / 1000} s`);
+        break;
+      }
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    await vm.vmm.qmp.cmd('input-send-event', { events: moveTo(s.pointer, s.size) });
   }
 
   override async destroy(id: string): Promise<void> {

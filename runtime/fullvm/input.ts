@@ -135,7 +135,7 @@ function need<T>(v: T | undefined, field: string, action: string): T {
 }
 
 /** Moves the pointer to [x, y]: absolute axes scaled to the screen. */
-function moveTo(p: Pointer, screen: { width: number; height: number }): QmpInput[] {
+export function moveTo(p: Pointer, screen: { width: number; height: number }): QmpInput[] {
   const scale = (v: number, n: number) => Math.round((v * (ABS - 1)) / Math.max(1, n - 1));
   return [
     { type: 'abs', data: { axis: 'x', value: scale(p.x, screen.width) } },

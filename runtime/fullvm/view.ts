@@ -31,7 +31,7 @@ function novncDir(): string {
 }
 
 function page(token: string, control: boolean): string {
-  return `<!doctype html><meta charset="utf-8"><title>Paddock: live view</title>
+  return `<!doctype html><meta charset="utf-8"><title>Paddock: live view</title><link rel="icon" href="data:,">
 <style>html,body{margin:0;height:100%;background:#222}#screen{width:100%;height:100%}#bar{position:fixed;top:0;right:0;padding:2px 8px;font:12px sans-serif;color:#ddd;background:#0008}</style>
 <div id="bar">${control ? 'control' : 'view only'} · <span id="st">connecting</span></div><div id="screen"></div>
 <script type="module">

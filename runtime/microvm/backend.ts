@@ -178,6 +178,11 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore {
     return this.o.machine === 'q35';
   }
 
+  /** The machine a template's state belongs to: part of its key, so a change of it boots new ones. */
+  private get machineArg(): string {
+    return this.q35 ? 'q35,i8042=off' : 'microvm,x-option-roms=off,isa-serial=on,rtc=on';
+  }
+
   async init(): Promise<void> {
     for (const d of ['templates', 'vms', 'snapshots']) await mkdir(join(this.root, d), { recursive: true });
     this.boot = await guestBoot(this.o.binDir, this.q35 ? 'generic' : 'cloud');
@@ -194,9 +199,13 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore {
     const append = ['console=ttyS0', 'quiet', 'panic=-1', 'rdinit=/init', `pdk.layers=${shape.layers.length}`, `pdk.disk=${shape.diskMiB}`, 'random.trust_cpu=on'];
     if (this.tsc && this.accel === 'tcg') append.push(`tsc_early_khz=${this.tsc}`);
     // q35 for a display: its PCI bus carries QEMU's VGA (bochs DRM in the guest) and virtio-input.
+    // Without its PS/2 controller (i8042=off): QEMU hands input to the first device of a kind in its
+    // list, and in a clone's fresh QEMU that is the PS/2 keyboard and mouse (the template's guest
+    // had put the virtio ones first by starting their drivers, which a restore does not replay); its
+    // VNC server then took the relative PS/2 mouse for the pointer of a live view.
     const bus = this.q35 ? 'pci' : 'device';
     const a = [
-      '-M', this.q35 ? 'q35' : 'microvm,x-option-roms=off,isa-serial=on,rtc=on',
+      '-M', this.machineArg,
       '-nodefaults', '-no-user-config', ...(this.q35 ? ['-display', 'none'] : ['-nographic']), '-no-reboot',
       '-accel', this.accel === 'kvm' ? 'kvm' : 'tcg,tb-size=32',
       '-cpu', this.accel === 'kvm' ? 'host' : 'max',
@@ -278,7 +287,7 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore {
 
   private template(shape: Shape, refs: LayerRef[], image: ImageManifest): Promise<Template> {
     const key = createHash('sha256')
-      .update(JSON.stringify({ boot: this.boot!.key, digests: refs.map((r) => r.digest), m: shape.memoryMiB, c: shape.cpus, d: shape.diskMiB, a: this.accel, s: shape.screen, k: this.kind }))
+      .update(JSON.stringify({ boot: this.boot!.key, digests: refs.map((r) => r.digest), m: shape.memoryMiB, c: shape.cpus, d: shape.diskMiB, a: this.accel, s: shape.screen, k: this.kind, M: this.machineArg }))
       .digest('hex')
       .slice(0, 20);
     let t = this.templates.get(key);

@@ -271,11 +271,46 @@ async function runInTerminal(cmd, signal) {
   while ($('#execs').children.length > 50) $('#execs').lastChild.remove();
 }
 
+// A full VM's screen: a screenshot a second while it runs (taken by the VMM; a paused VM is not
+// woken for it), and a link to its live view (noVNC on the node, view only).
+let screenTimer;
+let screenUrl;
+async function refreshScreen() {
+  if (!current || current.backend !== 'fullvm' || current.state !== 'running') return;
+  const id = current.id;
+  const blob = await (await api(`/v1/sandboxes/${encodeURIComponent(id)}/display/screenshot`)).blob();
+  if (!current || current.id !== id) return;
+  if (screenUrl) URL.revokeObjectURL(screenUrl);
+  screenUrl = URL.createObjectURL(blob);
+  $('#screen').src = screenUrl;
+}
+
+function showScreen(rec) {
+  clearInterval(screenTimer);
+  const gui = rec.backend === 'fullvm';
+  $('#screencard').hidden = !gui;
+  if (!gui) return;
+  const tick = () => refreshScreen().catch(showError);
+  void tick();
+  screenTimer = setInterval(tick, 1000);
+}
+
+$('#liveview').addEventListener('click', async (e) => {
+  e.preventDefault();
+  try {
+    const { url } = await getJson(`/v1/sandboxes/${encodeURIComponent(current.id)}/display/view`);
+    window.open(url, '_blank', 'noopener');
+  } catch (err) {
+    showError(err);
+  }
+});
+
 async function openSandbox(id) {
   $('#home').hidden = true;
   $('#sandbox').hidden = false;
   $('#execs').replaceChildren();
   showRecord(await getJson(`/v1/sandboxes/${encodeURIComponent(id)}`));
+  showScreen(current);
   makeTerminal();
   term.reset();
   fit.fit();
@@ -290,6 +325,7 @@ async function route() {
   const m = /^#\/sb\/([A-Za-z0-9_-]+)$/.exec(location.hash);
   if (m) return openSandbox(m[1]);
   current = undefined;
+  clearInterval(screenTimer);
   $('#sandbox').hidden = true;
   $('#home').hidden = false;
 }
