@@ -35,6 +35,7 @@ import { Qmp } from '../../runtime/microvm/qmp.ts';
 import type { Sandbox } from '../../sdk/index.ts';
 import { cleanUpOnSignals, finishRun, numberArg, onCleanup, progress, runMain, sleep, startBenchNode, UsageError } from './harness.ts';
 import { round3, type Summary, summarize } from './stats.ts';
+import { cpuTicks, pss, qemuOf, } from './vm-readings.ts';
 
 const USAGE = 'usage: fullvm.ts [--starts N] [--shots N] [--chars N] [--json]';
 
@@ -78,40 +79,6 @@ async function ensureDesktop(imagesDir: string): Promise<void> {
 }
 
 // ─── Host readings ──────────────────────────────────────────────────────────────────────────────
-
-async function qemuPids(home: string): Promise<number[]> {
-  const out: number[] = [];
-  for (const d of await readdir('/proc')) {
-    if (!/^\d+$/.test(d)) continue;
-    const cmd = await readFile(`/proc/${d}/cmdline`, 'utf8').catch(() => '');
-    if (cmd.startsWith('qemu-system') && cmd.includes(home)) out.push(Number(d));
-  }
-  return out;
-}
-
-/** The QEMU process serving a sandbox: the one whose directory holds its meta.json. */
-async function qemuOf(home: string, id: string): Promise<number | undefined> {
-  for (const pid of await qemuPids(home)) {
-    const cmd = (await readFile(`/proc/${pid}/cmdline`, 'utf8').catch(() => '')).split('\0');
-    const pidfile = cmd[cmd.indexOf('-pidfile') + 1];
-    if (!pidfile) continue;
-    const meta = await readFile(join(pidfile, '..', 'meta.json'), 'utf8').catch(() => '');
-    if (meta.includes(`"${id}"`)) return pid;
-  }
-  return undefined;
-}
-
-async function pss(pid: number): Promise<number> {
-  const t = await readFile(`/proc/${pid}/smaps_rollup`, 'utf8').catch(() => '');
-  const m = /^Pss:\s+(\d+) kB/m.exec(t);
-  return m ? Number(m[1]) * 1024 : Number.NaN;
-}
-
-async function cpuTicks(pid: number): Promise<number> {
-  const s = await readFile(`/proc/${pid}/stat`, 'utf8');
-  const f = s.slice(s.lastIndexOf(')') + 2).split(' ');
-  return Number(f[11]) + Number(f[12]);
-}
 
 // ─── Pixels ─────────────────────────────────────────────────────────────────────────────────────
 

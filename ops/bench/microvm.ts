@@ -17,12 +17,13 @@
  * line. Not measured here (null in the JSON): the most idle VMs a node holds and the memory
  * experiment, which need the machine to themselves for minutes.
  */
-import { readdir, readFile, stat } from 'node:fs/promises';
+import { readdir, stat } from 'node:fs/promises';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import type { Sandbox } from '../../sdk/index.ts';
 import { cleanUpOnSignals, finishRun, numberArg, onCleanup, progress, runMain, startBenchNode, UsageError } from './harness.ts';
 import { round3, summarize } from './stats.ts';
+import { cpuTicks, pss, qemuOf, } from './vm-readings.ts';
 
 const USAGE = 'usage: microvm.ts [--starts N] [--execs N] [--json]';
 
@@ -41,39 +42,6 @@ function parse(argv: string[]) {
 }
 
 const ms = (t0: number) => performance.now() - t0;
-
-async function qemuPids(home: string): Promise<number[]> {
-  const out: number[] = [];
-  for (const d of await readdir('/proc')) {
-    if (!/^\d+$/.test(d)) continue;
-    const cmd = await readFile(`/proc/${d}/cmdline`, 'utf8').catch(() => '');
-    if (cmd.startsWith('qemu-system') && cmd.includes(home)) out.push(Number(d));
-  }
-  return out;
-}
-
-/** The QEMU process serving a sandbox: the one whose directory holds its meta.json. */
-async function qemuOf(home: string, id: string): Promise<number | undefined> {
-  for (const pid of await qemuPids(home)) {
-    const cmd = (await readFile(`/proc/${pid}/cmdline`, 'utf8').catch(() => '')).split('\0');
-    const pidfile = cmd[cmd.indexOf('-pidfile') + 1];
-    if (!pidfile) continue;
-    const meta = await readFile(join(pidfile, '..', 'meta.json'), 'utf8').catch(() => '');
-    if (meta.includes(`"${id}"`)) return pid;
-  }
-  return undefined;
-}
-
-async function pss(pid: number): Promise<number> {
-  const t = await readFile(`/proc/${pid}/smaps_rollup`, 'utf8').catch(() => '');
-  const m = /^Pss:\s+(\d+) kB/m.exec(t);
-  return m ? Number(m[1]) * 1024 : Number.NaN;
-}
-
-async function cpuTicks(pid: number): Promise<number> {
-  const st = (await readFile(`/proc/${pid}/stat`, 'utf8')).split(') ')[1]?.split(' ') ?? [];
-  return Number(st[11]) + Number(st[12]);
-}
 
 async function main(): Promise<void> {
   const o = parse(process.argv.slice(2));
