@@ -127,6 +127,20 @@ test('a terminal opened with a shortcut prints a token that a screenshot shows; 
   t.true(after.replace(/\s/g, '').includes(token), `after restore, OCR found ${token} in: ${after}`);
 });
 
+test('a fork of a desktop starts with its screen (the terminal and its text), then each goes its own way', async (t) => {
+  const sb = t.context.desktop;
+  // The terminal the test before opened: a fork keeps processes, so it is there with its text.
+  await sb.display.type('clear; echo FORK""SOURCE\n');
+  t.regex((await waitForText(t, sb, 'FORKSOURCE')).replace(/\s/g, ''), /FORKSOURCE/);
+  const [kid] = await sb.fork(1, { timeoutMs: 300_000 });
+  t.teardown(() => kid?.kill().then(() => {}));
+  t.is(kid?.info.backend, 'fullvm');
+  t.regex((await waitForText(t, kid!, 'FORKSOURCE')).replace(/\s/g, ''), /FORKSOURCE/, 'the copy shows the same terminal');
+  await kid!.display.type('echo ONLY""KID\n');
+  t.regex((await waitForText(t, kid!, 'ONLYKID')).replace(/\s/g, ''), /ONLYKID/, 'the copy takes input');
+  t.notRegex((await ocr(t, (await sb.display.screenshot()).png)).replace(/\s/g, ''), /ONLYKID/, 'what the copy typed is not on the original');
+});
+
 test('the computer-use action set: pointer, clicks, keys, scroll, drag, wait; every action can return a screenshot', async (t) => {
   const sb = t.context.desktop;
   t.deepEqual((await sb.computer({ action: 'mouse_move', coordinate: [100, 200] })).cursor, { x: 100, y: 200 });

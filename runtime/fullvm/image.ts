@@ -51,8 +51,8 @@ export function desktopSpec(name = 'desktop'): BuildSpec {
     name,
     base: { suite: 'bookworm', variant: 'minbase' },
     toolkit: { packages: DESKTOP_PACKAGES },
-    workspace: { dir: ROOT },
-    env: [...DEFAULT_ENV, 'DISPLAY=:0', `PADDOCK_DESKTOP=${rootDigest()}`],
+    workspace: { dir: ROOT, content: rootDigest() },
+    env: [...DEFAULT_ENV, 'DISPLAY=:0'],
     cwd: '/root',
     init: ['/usr/local/bin/paddock-desktop'],
   };

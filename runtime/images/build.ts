@@ -26,7 +26,8 @@ import { run } from '../proc.ts';
 import { withHostLock } from './lock.ts';
 import { IMAGE_NAME, type ImageManifest, type ImageStore, type LayerRef } from './store.ts';
 
-type Source = { image: string } | { dir: string } | { tar: string } | { git: { url: string; ref?: string } };
+/** `dir` with `content`: a digest of what is in it, which the recipe names instead of where it is (another clone, the same image). */
+type Source = { image: string } | { dir: string; content?: string } | { tar: string } | { git: { url: string; ref?: string } };
 export type BaseSource = Source | { suite: string; variant?: string; mirror?: string; packages?: string[] };
 export type ToolkitSource = Source | { packages: string[] };
 
@@ -50,7 +51,9 @@ const BUILDER_VERSION = 2;
 
 /** What a built image was made from: its spec and the builder's version, as one digest. */
 export function recipeOf(spec: BuildSpec): string {
-  return createHash('sha256').update(JSON.stringify({ builder: BUILDER_VERSION, spec })).digest('hex');
+  const where = (src: Source | undefined) => (src && 'content' in src && src.content ? { content: src.content } : src);
+  const named = { ...spec, workspace: where(spec.workspace) };
+  return createHash('sha256').update(JSON.stringify({ builder: BUILDER_VERSION, spec: named })).digest('hex');
 }
 
 /** The store's image built from `spec` as it is now; null when missing or made from another recipe. */
