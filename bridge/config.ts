@@ -5,7 +5,7 @@
 import type { Policy, Shape } from './machine.ts';
 
 export const BRIDGE_ENV_DOC: Record<string, string> = {
-  PADDOCK_BRIDGE_PROVIDER: 'bridge: the provider plugin that adds machines (local); unset: no bridge',
+  PADDOCK_BRIDGE_PROVIDER: 'bridge: the provider plugin that adds machines (local, ssh); unset: no bridge',
   PADDOCK_BRIDGE_SHAPE: 'bridge: what one machine offers, cpu=N,memory=MiB,sandboxes=N (default cpu=16,memory=16384,sandboxes=64)',
   PADDOCK_BRIDGE_MAX_MACHINES: 'bridge: machines it runs at most (default 4)',
   PADDOCK_BRIDGE_BUDGET: 'bridge: machines it may start over its life (default: no limit)',
@@ -15,9 +15,14 @@ export const BRIDGE_ENV_DOC: Record<string, string> = {
   PADDOCK_BRIDGE_JOIN_DEADLINE_MS: 'bridge: a machine whose node has not joined by then is released as failed (default 60000)',
   PADDOCK_BRIDGE_BACKOFF_MS: 'bridge: after a provider failure, how long it says no capacity can come (default 10000)',
   PADDOCK_BRIDGE_TAG: 'bridge: the tag on its machines, by which a restarted bridge adopts them (default default)',
-  PADDOCK_BRIDGE_NODE_ENV: 'bridge (local): JSON object of environment for the nodes of its machines',
+  PADDOCK_BRIDGE_NODE_ENV: 'bridge (local, ssh): JSON object of environment for the nodes of its machines',
   PADDOCK_BRIDGE_CPUS: 'bridge (local): CPUs of each machine\'s cgroup share (default 1)',
   PADDOCK_BRIDGE_MEMORY_MIB: 'bridge (local): memory limit of each machine\'s cgroup share (default 1024)',
+  PADDOCK_BRIDGE_SSH_HOSTS: 'bridge (ssh): the pool, user@host[:port],… (one machine per host)',
+  PADDOCK_BRIDGE_SSH_KEY: 'bridge (ssh): the private key ssh offers (default: ssh\'s own)',
+  PADDOCK_BRIDGE_SSH_KNOWN_HOSTS: 'bridge (ssh): known_hosts the hosts\' keys must be in (default: pinned on first use in $PADDOCK_HOME/bridge/ssh/known_hosts)',
+  PADDOCK_BRIDGE_SSH_NODE_CMD: 'bridge (ssh): what runs a node on a host (default paddock node)',
+  PADDOCK_BRIDGE_SSH_DIR: 'bridge (ssh): the provider\'s directory on each host, under the login\'s home when relative (default .paddock-bridge)',
 };
 
 function num(env: NodeJS.ProcessEnv, k: string, d: number): number {

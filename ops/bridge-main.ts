@@ -12,14 +12,15 @@ import { policyFromEnv } from '../bridge/config.ts';
 import { BridgeHost } from '../bridge/host.ts';
 import type { Provider } from '../bridge/provider.ts';
 import { LocalProvider } from '../bridge/providers/local/index.ts';
+import { parseHosts, SshProvider } from '../bridge/providers/ssh/index.ts';
 import { DEFAULT_HOME } from '../protocol/discovery.ts';
 import { nodeCommand } from './launch.ts';
 import { createLogger } from './log.ts';
 
 export function providerFromEnv(env: NodeJS.ProcessEnv = process.env, home = env.PADDOCK_HOME || DEFAULT_HOME): Provider {
   const name = env.PADDOCK_BRIDGE_PROVIDER;
+  const nodeEnv = env.PADDOCK_BRIDGE_NODE_ENV ? (JSON.parse(env.PADDOCK_BRIDGE_NODE_ENV) as Record<string, string>) : {};
   if (name === 'local') {
-    const nodeEnv = env.PADDOCK_BRIDGE_NODE_ENV ? (JSON.parse(env.PADDOCK_BRIDGE_NODE_ENV) as Record<string, string>) : {};
     return new LocalProvider({
       stateDir: join(home, 'bridge', 'local'),
       command: () => nodeCommand({ dieWithParent: false }),
@@ -28,7 +29,22 @@ export function providerFromEnv(env: NodeJS.ProcessEnv = process.env, home = env
       memoryMiB: Number(env.PADDOCK_BRIDGE_MEMORY_MIB || 1024),
     });
   }
-  throw new Error(`PADDOCK_BRIDGE_PROVIDER: unknown provider ${JSON.stringify(name)} (local)`);
+  if (name === 'ssh') {
+    if (!env.PADDOCK_BRIDGE_SSH_HOSTS) throw new Error('PADDOCK_BRIDGE_SSH_HOSTS: the ssh provider needs its pool, user@host[:port],…');
+    // A known_hosts file someone vouches for checks every key; without one, each host's key is
+    // pinned on first use in a file of the bridge's own (never the user's ~/.ssh/known_hosts).
+    const known = env.PADDOCK_BRIDGE_SSH_KNOWN_HOSTS;
+    return new SshProvider({
+      hosts: parseHosts(env.PADDOCK_BRIDGE_SSH_HOSTS),
+      ...(env.PADDOCK_BRIDGE_SSH_KEY ? { identityFile: env.PADDOCK_BRIDGE_SSH_KEY } : {}),
+      knownHostsFile: known || join(home, 'bridge', 'ssh', 'known_hosts'),
+      hostKeyChecking: known ? 'yes' : 'accept-new',
+      nodeCommand: env.PADDOCK_BRIDGE_SSH_NODE_CMD || 'paddock node',
+      ...(env.PADDOCK_BRIDGE_SSH_DIR ? { dir: env.PADDOCK_BRIDGE_SSH_DIR } : {}),
+      env: nodeEnv,
+    });
+  }
+  throw new Error(`PADDOCK_BRIDGE_PROVIDER: unknown provider ${JSON.stringify(name)} (local, ssh)`);
 }
 
 export interface RunningBridge {

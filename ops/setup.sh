@@ -45,6 +45,8 @@ command -v lz4 >/dev/null 2>&1 || need+=(lz4)
 # Full VMs boot Debian's standard kernel (fetched as a package into /var/cache/paddock/kernels by
 # runtime/microvm/kernel.ts, not installed); their test reads the screen with tesseract's OCR.
 command -v tesseract >/dev/null 2>&1 || need+=(tesseract-ocr)
+# The bridge's ssh provider is tested against real sshd servers (the client comes with openssh-client).
+[ -x /usr/sbin/sshd ] || need+=(openssh-server)
 
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
