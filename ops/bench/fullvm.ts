@@ -21,7 +21,7 @@
  */
 import { type ChildProcess, spawn } from 'node:child_process';
 import { closeSync, existsSync, openSync } from 'node:fs';
-import { mkdtemp, readdir, readFile, rm, stat } from 'node:fs/promises';
+import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { loadavg, tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { performance } from 'node:perf_hooks';
@@ -35,7 +35,7 @@ import { Qmp } from '../../runtime/microvm/qmp.ts';
 import type { Sandbox } from '../../sdk/index.ts';
 import { cleanUpOnSignals, finishRun, numberArg, onCleanup, progress, runMain, sleep, startBenchNode, UsageError } from './harness.ts';
 import { round3, type Summary, summarize } from './stats.ts';
-import { cpuTicks, pss, qemuOf, } from './vm-readings.ts';
+import { cpuTicks, hibernatedBytes, pss, qemuOf } from './vm-readings.ts';
 
 const USAGE = 'usage: fullvm.ts [--starts N] [--shots N] [--chars N] [--json]';
 
@@ -404,14 +404,7 @@ async function main(): Promise<void> {
     t0 = performance.now();
     await idle.hibernate();
     const hibernateMs = ms(t0);
-    let hibernateBytes = Number.NaN;
-    for (const d of await readdir(join(home, 'nodes'))) {
-      const vms = join(home, 'nodes', d, 'fullvm', 'vms');
-      for (const v of await readdir(vms).catch(() => [] as string[])) {
-        const s = await stat(join(vms, v, 'state')).catch(() => null);
-        if (s) hibernateBytes = s.size;
-      }
-    }
+    const hibernateBytes = await hibernatedBytes(home, 'fullvm');
     t0 = performance.now();
     await idle.restore();
     const restored = await idle.display.screenshot();

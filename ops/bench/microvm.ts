@@ -17,13 +17,11 @@
  * line. Not measured here (null in the JSON): the most idle VMs a node holds and the memory
  * experiment, which need the machine to themselves for minutes.
  */
-import { readdir, stat } from 'node:fs/promises';
-import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import type { Sandbox } from '../../sdk/index.ts';
 import { cleanUpOnSignals, finishRun, numberArg, onCleanup, progress, runMain, startBenchNode, UsageError } from './harness.ts';
 import { round3, summarize } from './stats.ts';
-import { cpuTicks, pss, qemuOf, } from './vm-readings.ts';
+import { cpuTicks, hibernatedBytes, pss, qemuOf } from './vm-readings.ts';
 
 const USAGE = 'usage: microvm.ts [--starts N] [--execs N] [--json]';
 
@@ -124,14 +122,7 @@ async function main(): Promise<void> {
     t0 = performance.now();
     await big.hibernate();
     const hibernateMs = ms(t0);
-    let hibernateBytes = Number.NaN;
-    for (const d of await readdir(join(home, 'nodes'))) {
-      const vms = join(home, 'nodes', d, 'microvm', 'vms');
-      for (const v of await readdir(vms).catch(() => [] as string[])) {
-        const s = await stat(join(vms, v, 'state')).catch(() => null);
-        if (s) hibernateBytes = s.size;
-      }
-    }
+    const hibernateBytes = await hibernatedBytes(home, 'microvm');
     t0 = performance.now();
     await big.restore();
     await big.exec(['true']);

@@ -1,5 +1,5 @@
 /** Host-side readings of the QEMU processes a benchmark's node runs (microVMs, full VMs). */
-import { readdir, readFile } from 'node:fs/promises';
+import { readdir, readFile, stat } from 'node:fs/promises';
 import { join } from 'node:path';
 
 /** The QEMU processes whose command line names `home`. */
@@ -37,4 +37,17 @@ export async function cpuTicks(pid: number): Promise<number> {
   const s = await readFile(`/proc/${pid}/stat`, 'utf8');
   const f = s.slice(s.lastIndexOf(')') + 2).split(' ');
   return Number(f[11]) + Number(f[12]);
+}
+
+/** Bytes of the hibernation state files of a backend's VMs under a benchmark's home (the one hibernated VM's). */
+export async function hibernatedBytes(home: string, kind: 'microvm' | 'fullvm'): Promise<number> {
+  let bytes = Number.NaN;
+  for (const d of await readdir(join(home, 'nodes'))) {
+    const vms = join(home, 'nodes', d, kind, 'vms');
+    for (const v of await readdir(vms).catch(() => [] as string[])) {
+      const s = await stat(join(vms, v, 'state')).catch(() => null);
+      if (s) bytes = s.size;
+    }
+  }
+  return bytes;
 }
