@@ -18,7 +18,7 @@ import type { Display } from '../backend.ts';
 import type { ImageManifest } from '../images/store.ts';
 import type { AgentChannel } from '../microvm/channel.ts';
 import { MicrovmBackend, type MicrovmBackendOptions, type ScreenSize, sockPath, withTimeout } from '../microvm/backend.ts';
-import { moveTo, type Pointer, plan } from './input.ts';
+import { moveTo, type Pointer, plan, type QmpInput } from './input.ts';
 import { ViewServer } from './view.ts';
 
 /** How long a template's desktop may take to draw under TCG (Xorg and a window manager: ~10–30 s). */
@@ -31,6 +31,8 @@ const READY_FILE = '/tmp/.paddock-desktop/ready';
 const PACE_MS = 6;
 /** How long a VM just started or restored may take before its X server sees input from the VMM. */
 const INPUT_SETTLE_MS = 20_000;
+/** A Num Lock toggle not seen by X after this is taken as lost and sent again. */
+const TOGGLE_LOST_MS = 2_000;
 
 interface Screen {
   size: ScreenSize;
@@ -91,33 +93,48 @@ export class FullvmBackend extends MicrovmBackend implements Display {
   }
 
   /**
-   * Until the guest's X server sees a pointer move sent through the VMM. A VM just started from a
-   * template (or restored) drops the input it is sent for a moment: a key sent as soon as create
-   * returned was lost in every try here, one sent a second later never. So create and restore end
-   * only once a probe move arrives (a point beside the pointer, then back). An image without X
-   * (no xdotool, no display) has nothing to wait for.
+   * Until the guest's X server sees input from both of the VMM's devices. A VM just started from its
+   * template (or restored) lost a key sent at once: in every try on a quiet machine, and under load
+   * even after a pointer move had been seen. So create and restore end once a probe through each
+   * has arrived: the pointer moved beside where it is, and Num Lock toggled (read back with `xset
+   * q`), both then put back. A toggle cannot be sent twice blindly, so one that has not shown after
+   * a while is taken as lost and sent again. An image without X (no xdotool, no display) has
+   * nothing to wait for.
    */
   private async inputSettled(id: string): Promise<void> {
     const s = this.screen(id);
     const vm = this.running(id);
-    const probe = { x: s.pointer.x > 0 ? s.pointer.x - 1 : 1, y: s.pointer.y };
+    const read = async () => {
+      const r = await this.exec(id, { cmd: ['/bin/sh', '-c', 'xdotool getmouselocation && xset q'], env: { DISPLAY: ':0' }, timeoutMs: 5000, maxOutputBytes: 65536 });
+      if (r.exitCode !== 0) return undefined;
+      const out = r.stdout.toString();
+      const at = /^x:(\d+) y:(\d+) /.exec(out);
+      return { x: Number(at?.[1]), y: Number(at?.[2]), numLock: /Num Lock:\s+on/.test(out) };
+    };
+    const before = await read();
+    if (!before) return;
+    const toggle: QmpInput[] = [true, false].map((down) => ({ type: 'key', data: { down, key: { type: 'qcode', data: 'num_lock' } } }));
     const t0 = Date.now();
-    const deadline = t0 + INPUT_SETTLE_MS;
-    for (let tries = 1; ; tries++) {
-      await vm.vmm.qmp.cmd('input-send-event', { events: moveTo(probe, s.size) });
-      const r = await this.exec(id, { cmd: ['xdotool', 'getmouselocation'], env: { DISPLAY: ':0' }, timeoutMs: 5000, maxOutputBytes: 4096 });
-      if (r.exitCode !== 0) return;
-      if (r.stdout.toString().startsWith(`x:${probe.x} y:${probe.y} `)) {
-        this.o.log?.debug({ id, tries, ms: Date.now() - t0 }, 'fullvm: input arrives');
-        break;
+    const reach = async (to: Pointer, numLock: boolean): Promise<boolean> => {
+      let toggledAt = 0;
+      while (Date.now() - t0 < INPUT_SETTLE_MS) {
+        const now = await read();
+        if (now && now.x === to.x && now.y === to.y && now.numLock === numLock) return true;
+        // The pointer is absolute: sending it again costs nothing. The toggle only once taken as lost.
+        const events: QmpInput[] = moveTo(to, s.size);
+        if (now?.numLock !== numLock && Date.now() - toggledAt > TOGGLE_LOST_MS) {
+          events.push(...toggle);
+          toggledAt = Date.now();
+        }
+        await vm.vmm.qmp.cmd('input-send-event', { events });
+        await new Promise((r) => setTimeout(r, 50));
       }
-      if (Date.now() > deadline) {
-        this.o.log?.warn({ id, seen: r.stdout.toString().trim() }, `fullvm: X did not see input from the VMM within ${INPUT_SETTLE_MS / 1000} s`);
-        break;
-      }
-      await new Promise((r) => setTimeout(r, 50));
-    }
-    await vm.vmm.qmp.cmd('input-send-event', { events: moveTo(s.pointer, s.size) });
+      return false;
+    };
+    const probe = { x: s.pointer.x > 0 ? s.pointer.x - 1 : 1, y: s.pointer.y };
+    const ok = (await reach(probe, !before.numLock)) && (await reach(s.pointer, before.numLock));
+    if (ok) this.o.log?.debug({ id, ms: Date.now() - t0 }, 'fullvm: input arrives');
+    else this.o.log?.warn({ id }, `fullvm: X did not see input from the VMM within ${INPUT_SETTLE_MS / 1000} s`);
   }
 
   override async destroy(id: string): Promise<void> {
