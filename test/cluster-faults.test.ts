@@ -151,9 +151,15 @@ test.serial('SIGKILL of one NATS server of three during a create burst: every cr
     await pdk.groups.kill('burst');
 
     // What `paddock status` says of the cluster: its size, and three replicas of every bucket.
-    const { stdout } = await run(process.execPath, [CLI, '--nats', nats.url, 'status'], { env: { ...process.env, PADDOCK_HOME: join(t.context.home, 'cli') } });
+    // Once the cluster has taken its server back: until then a stream electing its leader says so.
+    const streams = ['KV_pdk_sandboxes', 'KV_pdk_nodes', 'KV_pdk_rollouts', 'PDK_CHRONUS'];
+    let stdout = '';
+    await eventually(async () => {
+      ({ stdout } = await run(process.execPath, [CLI, '--nats', nats.url, 'status'], { env: { ...process.env, PADDOCK_HOME: join(t.context.home, 'cli') } }));
+      return streams.every((s) => new RegExp(`replicas: .*${s} 3`).test(stdout));
+    }, 60_000);
     t.regex(stdout, /cluster paddock of 3 servers/);
-    for (const stream of ['KV_pdk_sandboxes', 'KV_pdk_nodes', 'KV_pdk_rollouts', 'PDK_CHRONUS']) t.regex(stdout, new RegExp(`replicas: .*${stream} 3`));
+    for (const stream of streams) t.regex(stdout, new RegExp(`replicas: .*${stream} 3`));
     t.notRegex(stdout, /fewer than/);
   } finally {
     await pdk.close();

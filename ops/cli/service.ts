@@ -97,13 +97,24 @@ async function find(g: GlobalFlags): Promise<Found> {
   return { pdk, nodes: [...byNode.values()].sort((a, b) => a.node.localeCompare(b.node)) };
 }
 
-/** The replicas of each of Paddock's JetStream streams that exist (none when JetStream cannot be asked). */
-async function streamReplicas(nc: NatsConnection): Promise<Array<{ stream: string; replicas: number }>> {
+/**
+ * The replicas of each of Paddock's JetStream streams that exist (none when JetStream cannot be
+ * asked). A stream that did not answer is listed with why, not left out: right after a server of a
+ * cluster dies, a stream electing its leader times out, and its absence read as "not there".
+ */
+async function streamReplicas(nc: NatsConnection): Promise<Array<{ stream: string; replicas?: number; error?: string }>> {
   try {
     const jsm = await jetstreamManager(nc, { timeout: 3000 });
     const names = [...Object.values(Buckets).map((b) => `KV_${b}`), ...Object.values(Streams)];
-    const infos = await Promise.all(names.map((n) => jsm.streams.info(n).catch(() => null)));
-    return infos.flatMap((i) => (i ? [{ stream: i.config.name, replicas: i.config.num_replicas }] : []));
+    const infos = await Promise.all(
+      names.map((stream) =>
+        jsm.streams.info(stream).then(
+          (i) => ({ stream, replicas: i.config.num_replicas }),
+          (e: Error) => (/not found/i.test(e.message) ? null : { stream, error: e.message }),
+        ),
+      ),
+    );
+    return infos.filter((i) => i !== null);
   } catch {
     return [];
   }
@@ -134,7 +145,7 @@ export async function status(a: Args): Promise<number> {
     out(`NATS:       ${nc.getServer()} (nats-server ${nc.info?.version ?? '?'}${nc.info?.jetstream ? ', JetStream' : ''}${nc.info?.cluster ? `; cluster ${nc.info.cluster} of ${nc.info.connect_urls?.length ?? '?'} servers` : ''})`);
     const streams = await streamReplicas(nc);
     const wanted = replicasFor(nc.info);
-    if (streams.length > 0) out(`replicas:   ${streams.map((s) => `${s.stream} ${s.replicas}`).join(', ')}${streams.some((s) => s.replicas < wanted) ? ` — fewer than ${wanted}: see the node log's warning to raise them` : ''}`);
+    if (streams.length > 0) out(`replicas:   ${streams.map((s) => `${s.stream} ${s.replicas ?? `? (no answer: ${s.error})`}`).join(', ')}${streams.some((s) => s.replicas !== undefined && s.replicas < wanted) ? ` — fewer than ${wanted}: see the node log's warning to raise them` : ''}`);
     const placement = f.nodes.filter((r) => r.placement !== false).map((r) => r.node);
     out(`placement:  ${placement.length} replica(s)${placement.length ? ` (in ${placement.join(', ')})` : ''}`);
     const gateways = ups.flatMap((u) => (u.up?.http ? [`http://${u.up.http}/ (in paddock up, pid ${u.up.pid})`] : []));
