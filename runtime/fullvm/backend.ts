@@ -31,7 +31,12 @@ const READY_FILE = '/tmp/.paddock-desktop/ready';
 const PACE_MS = 6;
 /** How long a VM just started or restored may take before its X server sees input from the VMM. */
 const INPUT_SETTLE_MS = 20_000;
-/** A Num Lock toggle not seen by X after this is taken as lost and sent again. */
+/**
+ * A Num Lock toggle not seen by X after this is taken as lost and sent again. Keys sent in the
+ * first moments after a restore do not arrive (a toggle sent at once showed only after ~2 s or
+ * never; sent again every 0.6 s, toggles came in late and undid each other): a longer wait costs
+ * nothing on the create path, which does not wait for the probe.
+ */
 const TOGGLE_LOST_MS = 2_000;
 
 interface Screen {
@@ -40,6 +45,8 @@ interface Screen {
   /** Actions in flight or queued: one at a time, in order, at most Limits.display.queueMax. */
   queue: Promise<unknown>;
   queued: number;
+  /** Settles once the guest's X server sees input from the VMM (inputSettled); actions wait for it, screenshots do not. */
+  input: Promise<void>;
 }
 
 export class FullvmBackend extends MicrovmBackend implements Display {
@@ -83,21 +90,29 @@ export class FullvmBackend extends MicrovmBackend implements Display {
   override async create(id: string, spec: SandboxSpec, from?: Parameters<MicrovmBackend['create']>[2]): Promise<void> {
     await super.create(id, spec, from);
     const size = this.screenOf(spec);
-    this.screens.set(id, { size, pointer: { x: Math.floor(size.width / 2), y: Math.floor(size.height / 2) }, queue: Promise.resolve(), queued: 0 });
-    await this.inputSettled(id);
+    const screen: Screen = { size, pointer: { x: Math.floor(size.width / 2), y: Math.floor(size.height / 2) }, queue: Promise.resolve(), queued: 0, input: Promise.resolve() };
+    this.screens.set(id, screen);
+    screen.input = this.settleInput(id);
   }
 
   override async restore(id: string): Promise<void> {
     await super.restore(id);
-    await this.inputSettled(id);
+    this.screen(id).input = this.settleInput(id);
+  }
+
+  /** inputSettled in the background: a sandbox that goes away meanwhile ends it, with nothing to report. */
+  private settleInput(id: string): Promise<void> {
+    return this.inputSettled(id).catch((err: unknown) => {
+      if (this.screens.has(id)) this.o.log?.warn({ id, err }, 'fullvm: input probe failed');
+    });
   }
 
   /**
    * Until the guest's X server sees input from both of the VMM's devices. A VM just started from its
    * template (or restored) lost a key sent at once: in every try on a quiet machine, and under load
-   * even after a pointer move had been seen. So create and restore end once a probe through each
-   * has arrived: the pointer moved beside where it is, and Num Lock toggled (read back with `xset
-   * q`), both then put back. A toggle cannot be sent twice blindly, so one that has not shown after
+   * even after a pointer move had been seen. So after create and restore a probe goes through
+   * each, and display actions wait until it has arrived (screenshots and exec do not): the pointer
+   * moved beside where it is, and Num Lock toggled (read back with `xset q`), both then put back. A toggle cannot be sent twice blindly, so one that has not shown after
    * a while is taken as lost and sent again. An image without X (no xdotool, no display) has
    * nothing to wait for.
    */
@@ -196,6 +211,7 @@ export class FullvmBackend extends MicrovmBackend implements Display {
   async act(id: string, action: ComputerAction): Promise<{ cursor: { x: number; y: number } }> {
     const s = this.screen(id);
     return this.serial(id, async () => {
+      await s.input;
       const vm = this.running(id);
       const { steps, pointer } = plan(action, s.pointer, s.size);
       for (const st of steps) {
