@@ -7,14 +7,14 @@
  */
 import { execFileSync } from 'node:child_process';
 import { existsSync } from 'node:fs';
-import { mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import anyTest, { type TestFn } from 'ava';
 import { WebSocket } from 'ws';
 import type { Sandbox } from '../sdk/index.ts';
 import { ARTIFACTS, keepScreenshot, startBrowser } from './helpers/browser.ts';
-import { type ClusterContext, startTestCluster, stopTestCluster } from './helpers/cluster.ts';
+import { type ClusterContext, logNodesOnFailure, startTestCluster, stopTestCluster } from './helpers/cluster.ts';
 import { ensureTestDesktop } from './helpers/desktop.ts';
 import { startTestGateway } from './helpers/gateway.ts';
 
@@ -85,15 +85,7 @@ if (missing.length === 0) {
     // The first create boots the node's desktop template (tens of seconds under TCG).
     t.context.desktop = await t.context.pdk.sandboxes.create({ backend: 'fullvm', image: 'desktop', cpu: 1, memoryMiB: 1024 }, { timeoutMs: 600_000 });
   });
-  // A failed test shows its node's last warnings and lines: CI keeps the output, not the homes.
-  ctxTest.afterEach.always(async (t) => {
-    if (t.passed || !t.context.cluster) return;
-    for (const n of t.context.cluster.nodes) {
-      const all = (await readFile(n.logFile ?? '', 'utf8').catch(() => '')).split('\n').filter(Boolean);
-      const shown = new Set([...all.filter((l) => /"level":(40|50|60)/.test(l)).slice(-20), ...all.slice(-15)]);
-      for (const l of all) if (shown.has(l)) t.log(`${n.id}: ${l.slice(0, 400)}`);
-    }
-  });
+  ctxTest.afterEach.always(logNodesOnFailure);
   ctxTest.after.always(async (t) => {
     await t.context.desktop?.kill().catch(() => {});
     if (t.context.ocrDir) await rm(t.context.ocrDir, { recursive: true, force: true });

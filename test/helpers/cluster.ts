@@ -61,15 +61,7 @@ export function clusterTest(opts: { nodes?: number; env?: Record<string, string>
   test.before(async (t) => {
     Object.assign(t.context, await startTestCluster(opts));
   });
-  // A failed test shows its nodes' last warnings and last lines: CI keeps the output, not the homes.
-  test.afterEach.always(async (t) => {
-    if (t.passed || !t.context.cluster) return;
-    for (const n of t.context.cluster.nodes) {
-      const all = (await readFile(n.logFile ?? '', 'utf8').catch(() => '')).split('\n').filter(Boolean);
-      const shown = new Set([...all.filter((l) => /"level":(40|50|60)/.test(l)).slice(-20), ...all.slice(-15)]);
-      for (const l of all) if (shown.has(l)) t.log(`${n.id}: ${l.slice(0, 400)}`);
-    }
-  });
+  test.afterEach.always(logNodesOnFailure);
   test.after.always(async (t) => {
     await stopTestCluster(t.context.cluster ? t.context : undefined);
   });
@@ -83,4 +75,14 @@ export function clusterTest(opts: { nodes?: number; env?: Record<string, string>
  */
 export function restartNode(c: { cluster: LocalCluster; home: string }, id: string, env: Record<string, string> = {}): Promise<NodeProcess> {
   return startNode({ natsUrl: c.cluster.url, home: c.home, id, imagesDir: SHARED_IMAGES, env: { PADDOCK_HEARTBEAT_MS: '500', PADDOCK_FN_BUILD: '0', ...env } });
+}
+
+/** A failed test shows its nodes' last warnings and last lines: CI keeps the output, not the homes. */
+export async function logNodesOnFailure(t: { passed: boolean; context: Partial<ClusterContext>; log(...values: unknown[]): void }): Promise<void> {
+  if (t.passed || !t.context.cluster) return;
+  for (const n of t.context.cluster.nodes) {
+    const all = (await readFile(n.logFile ?? '', 'utf8').catch(() => '')).split('\n').filter(Boolean);
+    const shown = new Set([...all.filter((l) => /"level":(40|50|60)/.test(l)).slice(-20), ...all.slice(-15)]);
+    for (const l of all) if (shown.has(l)) t.log(`${n.id}: ${l.slice(0, 400)}`);
+  }
 }
