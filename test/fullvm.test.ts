@@ -104,7 +104,8 @@ test('a terminal opened with a shortcut prints a token that a screenshot shows; 
   t.true(first.png.length > 4000, `a screen with something on it (${first.png.length} bytes)`);
 
   await sb.display.key('ctrl+alt+t');
-  const alphabet = 'ACEFHKMNPRTWXY3479';
+  // No 9 (OCR read it as O once), no 0, O, 1, I, B, 8, S, 5: the pairs OCR confuses.
+  const alphabet = 'ACEFHKMNPRTWXY347';
   const token = `PDK${Array.from({ length: 6 }, () => alphabet[Math.floor(Math.random() * alphabet.length)]).join('')}`;
   // Wait for the terminal's window before typing into it.
   for (let i = 0; i < 60; i++) {
