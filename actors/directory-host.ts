@@ -14,6 +14,7 @@ import {
   decode,
   encode,
   isMap,
+  isToken,
   PLACEMENT_QUEUE,
   ProtocolError,
   type Reply,
@@ -128,16 +129,21 @@ export class DirectoryHost {
     if (!isMap(body) || !isMap(body.spec) || body.spec.fromSnapshot === undefined || body.spec.fromSnapshot === null) return body;
     const spec = body.spec as Record<string, unknown>;
     const id = spec.fromSnapshot;
-    if (typeof id !== 'string') return body;
+    // Not a key the table can hold ('', a dot): the spec's check says what is wrong with it.
+    if (!isToken(id)) return body;
     const rec = await this.snapshotRecord(id);
     if (!rec) throw new ProtocolError('NOT_FOUND', `no snapshot ${id} (pdk.v1.snapshots.list lists them)`, { detail: { field: 'fromSnapshot', snapshot: id } });
     const merged: Record<string, unknown> = { ...spec };
+    // A snapshot of a container's files is an image in the store: any node, any size; the
+    // snapshot's size is the default. A VM's state loads only into its machine, on its node.
+    const files = rec.backend === 'container';
     for (const f of FROM_SNAPSHOT) {
       const want = rec[f];
       const given = spec[f];
+      const free = files && (f === 'memoryMiB' || f === 'cpu' || f === 'diskMiB' || f === 'node');
       if (given === undefined || given === null) {
-        if (want !== undefined) merged[f] = want;
-      } else if (JSON.stringify(given) !== JSON.stringify(want)) {
+        if (want !== undefined && !(files && f === 'node')) merged[f] = want;
+      } else if (!free && JSON.stringify(given) !== JSON.stringify(want)) {
         throw new ProtocolError('INVALID_SPEC', `${f}: snapshot ${id} ${f === 'node' ? 'is on node' : `was taken of a sandbox with ${f}`} ${JSON.stringify(want)}, not ${JSON.stringify(given)}`, { detail: { field: f } });
       }
     }

@@ -303,7 +303,7 @@ export class NodeHost {
 
   private async createNew(id: string, spec: SandboxSpec, from?: HeldSnapshot): Promise<CreateReply> {
     const open = this.deps.backends.for(spec.backend, this.id);
-    const snap = from ?? (spec.fromSnapshot === undefined ? undefined : this.snapshotFor(spec));
+    const snap = from ?? (spec.fromSnapshot === undefined ? undefined : await this.snapshotFor(spec));
 
     // Refused before the spec's images are looked up: a trainer's creates past capacity cost the node little.
     const refused = this.refusalFor(spec, open.capacity);
@@ -411,16 +411,30 @@ export class NodeHost {
   }
 
   /** The snapshot a create asks for, on this node, of the machine the spec asks for; else NOT_FOUND or INVALID_SPEC. */
-  private snapshotFor(spec: SandboxSpec): HeldSnapshot {
+  private async snapshotFor(spec: SandboxSpec): Promise<HeldSnapshot> {
     const id = spec.fromSnapshot as string;
-    const held = this.snaps.get(id);
+    let held = this.snaps.get(id);
+    // A snapshot of a container's files is an image in the store: any node that reads it can start from it.
+    if (!held && spec.backend === 'container') held = await this.storedSnapshot(id);
     if (!held || held.temporary) throw new ProtocolError('NOT_FOUND', `no snapshot ${id} on node ${this.id}`, { detail: { snapshot: id, node: this.id } });
     const want = snapshotSpec(held.info);
     for (const f of SNAPSHOT_FIXES) {
+      // Only a VM's state needs the machine it was taken of; a container's files fit any size.
+      if (held.info.backend === 'container' && (f === 'memoryMiB' || f === 'cpu' || f === 'diskMiB')) continue;
       const got = f === 'diskMiB' ? diskMiBOf(spec) : spec[f];
       if (JSON.stringify(got) !== JSON.stringify(want[f])) throw new ProtocolError('INVALID_SPEC', `${f}: snapshot ${id} was taken of a sandbox with ${f} ${JSON.stringify(want[f])}, not ${JSON.stringify(got)}`, { detail: { field: f } });
     }
     return held;
+  }
+
+  /** Another node's snapshot of a container's files, from the snapshot table. */
+  private async storedSnapshot(id: string): Promise<HeldSnapshot | undefined> {
+    const e = await this.deps.snapshots?.get(id).catch((err: unknown) => {
+      throw unavailable(err, 'the snapshot table');
+    });
+    if (e?.operation !== 'PUT') return undefined;
+    const info = decode(e.value) as SnapshotInfo;
+    return info.backend === 'container' ? { info, name: info.id } : undefined;
   }
 
   /** The snapshot and fork verbs of this node's sandboxes. */

@@ -160,7 +160,7 @@ export const SandboxSpec = Type.Object(
     autoResume: Type.Boolean({ default: true, description: 'exec and file calls on a paused or hibernated sandbox wake it first, or fail with INVALID_STATE' }),
     display: Type.Optional(DisplaySpec),
     fromSnapshot: Type.Optional(
-      Token('start as a copy of this snapshot (`pdk.v1.snapshots.list`): the sandbox goes to the node that holds it, and backend, image, memoryMiB, cpu, diskMiB, toolkit and workspace come from it when not given (a different value is INVALID_SPEC)', 'must be a snapshot id'),
+      Token('start as a copy of this snapshot (`pdk.v1.snapshots.list`): backend, image, toolkit, workspace, memoryMiB, cpu and diskMiB come from it when not given; a VM snapshot fixes them all and runs on the node that holds it, a container snapshot fixes only the images and runs on any node reading its image store (a different fixed value is INVALID_SPEC)', 'must be a snapshot id'),
     ),
   },
   { $id: 'SandboxSpec', additionalProperties: false, errorMessage: 'must be a map' },
@@ -424,23 +424,23 @@ export type ComputerReply = Static<typeof ComputerReply>;
 export const NetworkSetRequest = Type.Object({ policy: Type.Optional(NetworkPolicy) }, { $id: 'NetworkSetRequest' });
 export const NetworkSetReply = Type.Object({ policy: NetworkPolicy }, { $id: 'NetworkSetReply' });
 
-// ─── Snapshots (microVMs, full VMs) ─────────────────────────────────────────────────────────────
+// ─── Snapshots (microVMs and full VMs: whole state; containers: files) ─────────────────────────────────────────────────────────────
 
-/** A saved state of a running VM sandbox, kept on its node's disk until deleted: new sandboxes start from it (`spec.fromSnapshot`). */
+/** A saved state of a running sandbox (a VM's whole state on its node's disk; a container's files as a layer in the image store), kept until deleted: new sandboxes start from it (`spec.fromSnapshot`). */
 export const SnapshotInfo = Type.Object(
   {
     id: Type.String({ description: 'the snapshot id: `spec.fromSnapshot` of a create' }),
-    node: Type.String({ description: 'the node whose disk holds it: sandboxes made from it run there' }),
+    node: Type.String({ description: 'the node that took it: sandboxes made from a VM snapshot run there, from a container snapshot on any node reading the same image store' }),
     backend: literals(Backends),
     image: Type.String(),
     toolkit: Type.Optional(Type.String()),
     workspace: Type.Optional(Type.String()),
     memoryMiB: Type.Number(),
-    cpu: Type.Number({ description: 'the CPUs of the sandbox it was taken of (a sandbox made from it has as many)' }),
+    cpu: Type.Number({ description: 'the CPUs of the sandbox it was taken of (a sandbox made from a VM snapshot has as many; from a container snapshot, as many unless the create says)' }),
     diskMiB: Type.Number({ description: 'the writable layer of the sandbox it was taken of' }),
     display: Type.Optional(DisplaySpec),
     from: Type.String({ description: 'the sandbox it was taken of (it may have ended since)' }),
-    bytes: Type.Integer({ minimum: 0, description: 'its size on the node’s disk' }),
+    bytes: Type.Integer({ minimum: 0, description: 'its size: the VM state on the node’s disk, or the container layer in the store' }),
     createdAt: Ms('ms since the epoch'),
   },
   { $id: 'SnapshotInfo' },

@@ -23,12 +23,14 @@
  *       With envc 0 the command inherits this process's environment.
  *     <seq> kill <signal>   signals the process of request <seq>, if it still runs
  *     <seq> close           stops relaying the output of <seq>, which has exited
+ *     0 release <fd>        closes a disk fd this process holds for the node (see keep_sock)
  *   messages: "<seq> <type> <code> <length>\n" then <length> bytes, type:
  *       o, E: a chunk of the command's stdout, stderr (relayed);
  *       x: it ended: code is its exit code or 128 + signal; the bytes are its captured stderr
  *          (at most 64 KiB), or empty;
  *       e: it never ran (code -1: no process; 125: setup failed; 127: exec failed): the bytes say why;
- *       z: a relayed command's output has ended (both pipes closed), after its x.
+ *       z: a relayed command's output has ended (both pipes closed), after its x;
+ *       k: (m requests) code is the fd this process now holds of the sandbox's disk (before x).
  *   and, with seq 0: "0 d <code> <length>\n<pid>": a process that was no command of ours ended
  *       (an orphan this subreaper adopted: a sandbox's init once `crun run -d` is gone); code as x.
  * End of file on stdin ends this process; commands still running go on. It is their subreaper
@@ -61,6 +63,7 @@
 #include <sys/prctl.h>
 #include <sys/sendfile.h>
 #include <sys/signalfd.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -83,6 +86,15 @@ static struct job *jobs;
 static size_t njobs, jobcap;
 static int have_fd3;
 static int sealed_fd = -1;
+/*
+ * A sandbox's writable layer is mounted only in its own mount namespace, which is gone once crun
+ * has pivoted into the overlay: nothing on the node can reach the upper dir by a path. A snapshot
+ * of the sandbox's files needs it, so the child that mounts it sends an O_PATH fd of the disk here
+ * (SCM_RIGHTS on keep_sock) and this process holds it: the node reads it as /proc/<this>/fd/<n>.
+ */
+static int keep_sock[2] = {-1, -1};
+static int *held;
+static size_t nheld, heldcap;
 static const char *sealed_path;
 
 static void write_all(int fd, const void *buf, size_t len) {
@@ -127,11 +139,66 @@ static void redirect(int errw, int target, const char *path, int flags) {
 }
 
 struct run {
+  long seq;
   const char *flags, *in, *out, *err;
   const char *disk, *opts, *ovl, *rootfs;
   unsigned uid;
   char **argv, **envp;
 };
+
+/* In the child: hands an O_PATH fd of the sandbox's disk to the spawner (see keep_sock); best effort. */
+static void send_disk(const struct run *r) {
+  int d = open(r->disk, O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (d < 0 || keep_sock[1] < 0) {
+    if (d >= 0) close(d);
+    return;
+  }
+  char data[24];
+  int n = snprintf(data, sizeof data, "%ld", r->seq);
+  struct iovec iov = {.iov_base = data, .iov_len = (size_t)n};
+  union {
+    struct cmsghdr h;
+    char buf[CMSG_SPACE(sizeof(int))];
+  } c;
+  memset(&c, 0, sizeof c);
+  struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = c.buf, .msg_controllen = sizeof c.buf};
+  struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
+  cm->cmsg_level = SOL_SOCKET;
+  cm->cmsg_type = SCM_RIGHTS;
+  cm->cmsg_len = CMSG_LEN(sizeof(int));
+  memcpy(CMSG_DATA(cm), &d, sizeof d);
+  while (sendmsg(keep_sock[1], &m, 0) < 0 && errno == EINTR) {
+  }
+  close(d);
+}
+
+/* Takes the disks children sent (keep_sock) and tells the node: "<seq> k <fd> 0". Before reap, so the node hears it before that command's x. */
+static void take_disks(void) {
+  for (;;) {
+    char data[24];
+    struct iovec iov = {.iov_base = data, .iov_len = sizeof data - 1};
+    union {
+      struct cmsghdr h;
+      char buf[CMSG_SPACE(sizeof(int))];
+    } c;
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = c.buf, .msg_controllen = sizeof c.buf};
+    ssize_t n = recvmsg(keep_sock[0], &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    data[n] = '\0';
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
+    if (!cm || cm->cmsg_type != SCM_RIGHTS) continue;
+    int fd;
+    memcpy(&fd, CMSG_DATA(cm), sizeof fd);
+    if (nheld == heldcap) {
+      heldcap = heldcap ? heldcap * 2 : 64;
+      held = realloc(held, heldcap * sizeof *held);
+      if (!held) exit(1);
+    }
+    held[nheld++] = fd;
+    reply(strtol(data, NULL, 10), 'k', fd, "", 0);
+  }
+}
 
 static void own_mounts(int errw, const struct run *r) {
   char upper[4096], work[4096];
@@ -145,6 +212,7 @@ static void own_mounts(int errw, const struct run *r) {
   if (mkdir(upper, 0755) < 0 || mkdir(work, 0700) < 0) fail(errw, 125, "mkdir in %s", r->disk);
   /* The upper root is the sandbox's `/`: owned by its root. */
   if (chown(upper, r->uid, r->uid) < 0) fail(errw, 125, "chown %s", upper);
+  send_disk(r);
   /*
    * The overlay's options are relative to the disk (hardening.ts): the kernel shows them as given
    * in the sandbox's mountinfo, and absolute ones named the node's home, its id and the sandbox's.
@@ -382,6 +450,17 @@ static void request(char *frame, size_t len) {
       if (jobs[i].seq == seq && jobs[i].pid > 0) kill(jobs[i].pid, atoi(s[2]));
     return;
   }
+  if (strcmp(s[1], "release") == 0 && n >= 3) {
+    /* Only a disk fd this process holds: anything else (its own pipes) stays open. */
+    int fd = atoi(s[2]);
+    for (size_t i = 0; i < nheld; i++)
+      if (held[i] == fd) {
+        close(fd);
+        held[i] = held[--nheld];
+        break;
+      }
+    return;
+  }
   if (strcmp(s[1], "close") == 0) {
     for (size_t i = 0; i < njobs; i++)
       if (jobs[i].seq == seq && jobs[i].pid == 0) {
@@ -395,7 +474,7 @@ static void request(char *frame, size_t len) {
     reply(seq, 'e', -1, bad, strlen(bad));
     return;
   }
-  struct run r = {.flags = s[2], .in = s[3], .out = s[4], .err = s[5]};
+  struct run r = {.seq = seq, .flags = s[2], .in = s[3], .out = s[4], .err = s[5]};
   int i = 6;
   if (strchr(r.flags, 'm')) {
     if (n < i + 5) {
@@ -525,20 +604,22 @@ int main(int argc, char **argv) {
   }
   fcntl(0, F_SETFD, FD_CLOEXEC);
   fcntl(1, F_SETFD, FD_CLOEXEC);
+  if (socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, keep_sock) < 0) perror("spawner: socketpair (no snapshots of sandboxes' files)");
 
   char *buf = malloc(FRAME_MAX + 4);
   size_t have = 0;
   struct pollfd *pfd = NULL;
   size_t pcap = 0;
   for (;;) {
-    if (pcap < 3 * njobs + 2) {
-      pcap = (3 * njobs + 2) * 2;
+    if (pcap < 3 * njobs + 3) {
+      pcap = (3 * njobs + 3) * 2;
       pfd = realloc(pfd, pcap * sizeof *pfd);
       if (!pfd || !buf) exit(1);
     }
     pfd[0] = (struct pollfd){.fd = 0, .events = POLLIN};
     pfd[1] = (struct pollfd){.fd = sfd, .events = POLLIN};
-    size_t np = 2;
+    pfd[2] = (struct pollfd){.fd = keep_sock[0], .events = POLLIN};
+    size_t np = 3;
     for (size_t i = 0; i < njobs; i++) {
       int fds[] = {jobs[i].cap, jobs[i].out[0], jobs[i].out[1]};
       for (int k = 0; k < 3; k++)
@@ -548,13 +629,14 @@ int main(int argc, char **argv) {
       if (errno == EINTR) continue;
       return 1;
     }
+    if (keep_sock[0] >= 0) take_disks();
     if (pfd[1].revents) {
       struct signalfd_siginfo si;
       while (read(sfd, &si, sizeof si) > 0) {
       }
       reap();
     }
-    for (size_t i = 2; i < np; i++) {
+    for (size_t i = 3; i < np; i++) {
       if (!pfd[i].revents) continue;
       for (size_t k = 0; k < njobs; k++) {
         struct job *j = &jobs[k];

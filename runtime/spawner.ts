@@ -60,6 +60,11 @@ export interface SpawnRequest {
 export interface SpawnResult {
   /** Exit code, or 128 + signal. */
   code: number;
+  /**
+   * With `mounts`: the sandbox's disk (writable layer), held open by the spawner, readable as
+   * /proc/<spawner pid>/fd/<fd> until `releaseDisk`. Absent when the spawner could not take it.
+   */
+  disk?: { pid: number; fd: number };
   /** Captured stderr (captureStderr), else empty. */
   stderr: string;
 }
@@ -112,6 +117,7 @@ interface Pending {
   onOutput?: SpawnRequest['onOutput'];
   timer?: NodeJS.Timeout;
   exited: boolean;
+  disk?: { pid: number; fd: number };
 }
 
 export class Spawner {
@@ -177,6 +183,11 @@ export class Spawner {
         this.settle(seq)?.closed();
       },
     };
+  }
+
+  /** Closes a disk fd a `mounts` command's result named; nothing to do if that spawner is gone. */
+  releaseDisk(disk: { pid: number; fd: number }): void {
+    if (this.proc?.pid === disk.pid) this.send(['0', 'release', String(disk.fd)]);
   }
 
   /** The spawner's pid while it runs. */
@@ -272,6 +283,10 @@ export class Spawner {
         this.settle(seq)?.closed();
         continue;
       }
+      if (type === 'k') {
+        if (this.proc?.pid !== undefined) p.disk = { pid: this.proc.pid, fd: Number(codeS) };
+        continue;
+      }
       p.exited = true;
       clearTimeout(p.timer);
       // A relayed command's output may go on after its exit: its entry stays until z or release.
@@ -279,8 +294,12 @@ export class Spawner {
         this.settle(seq);
         p.closed();
       }
-      if (type === 'e') p.reject(new ProtocolError('BACKEND_FAILED', body.toString().trim()));
-      else p.resolve({ code: Number(codeS), stderr: body.toString() });
+      if (type === 'e') {
+        // It never ran: a disk it sent before its setup failed is nobody's.
+        if (p.disk) this.releaseDisk(p.disk);
+        p.reject(new ProtocolError('BACKEND_FAILED', body.toString().trim()));
+      }
+      else p.resolve({ code: Number(codeS), stderr: body.toString(), ...(p.disk ? { disk: p.disk } : {}) });
     }
   }
 }

@@ -57,7 +57,7 @@ export class Paddock {
   readonly nodes: Nodes;
   /** One-shot invocations (FnCall): `pdk.fn.invoke({ language, code, stdin, limits, tests })`. */
   readonly fn: Fn;
-  /** Snapshots of VM sandboxes (`sb.snapshot()`): list and delete; `sandboxes.create({ fromSnapshot })` starts from one. */
+  /** Snapshots of sandboxes (`sb.snapshot()`: a VM's whole state, a container's files): list and delete; `sandboxes.create({ fromSnapshot })` starts from one. */
   readonly snapshots: Snapshots;
 
   private constructor(

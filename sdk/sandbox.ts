@@ -359,9 +359,12 @@ export class Sandbox {
   }
 
   /**
-   * Saves the whole state of a VM sandbox (`microvm`, `fullvm`: its files, processes and memory) on
-   * its node; it runs on. `pdk.sandboxes.create({ fromSnapshot: snap.id })` starts copies of it
-   * there, until `pdk.snapshots.delete(snap.id)`. The snapshot outlives this sandbox.
+   * Saves the sandbox; it runs on. A VM (`microvm`, `fullvm`): its whole state (files, processes,
+   * memory) on its node, where copies start. A container: its files only (what it wrote, changed
+   * and removed, as one more layer in the image store; processes are not kept), and copies start
+   * on any node that reads that store, with any memory and CPUs. `pdk.sandboxes.create({
+   * fromSnapshot: snap.id })` starts copies until `pdk.snapshots.delete(snap.id)`; the snapshot
+   * outlives this sandbox.
    */
   snapshot(opts?: CallOptions): Promise<SnapshotInfo> {
     return this.call<SnapshotInfo>('snapshot', {}, opts);

@@ -1,4 +1,4 @@
-/** Snapshots of VM sandboxes: `sb.snapshot()` takes one, `pdk.sandboxes.create({ fromSnapshot })` starts from one. */
+/** Snapshots of sandboxes (a VM's whole state, a container's files): `sb.snapshot()` takes one, `pdk.sandboxes.create({ fromSnapshot })` starts from one. */
 import { isToken, type SnapshotInfo, type SnapshotsDeleteReply, type SnapshotsListReply, subjects } from '../protocol/index.ts';
 import { InvalidRequestError } from './errors.ts';
 import type { CallOptions, Transport } from './transport.ts';

@@ -209,15 +209,22 @@ test('groups, nodes, rollouts and lifecycle events', async (t) => {
   t.is((await call('/v1/rollouts/no-such-rollout')).status, 404);
 });
 
-test('snapshot routes: a container refuses with the capability error; list, delete of an unknown snapshot, create from one', async (t) => {
+test('snapshot routes: a container snapshot of files, listed, a sandbox created from it, deleted; a verb the backend lacks is refused with the capability error', async (t) => {
   const id = await create();
   t.teardown(() => fetch(`${gw.url}/v1/sandboxes/${id}`, { method: 'DELETE' }));
+  t.is((await call(`/v1/sandboxes/${id}/exec`, json({ cmd: 'echo kept > /marker' }))).status, 200);
   const snap = await call(`/v1/sandboxes/${id}/snapshot`, { method: 'POST' });
-  t.is(snap.status, 400);
-  t.is(snap.body.code, 'INVALID_REQUEST');
-  t.regex(snap.body.message, /lacks the snapshot capability/);
-  t.is((await call(`/v1/sandboxes/${id}/fork`, json({ count: 2 }))).body.code, 'INVALID_REQUEST');
-  t.deepEqual((await call('/v1/snapshots')).body, { snapshots: [] });
+  t.is(snap.status, 201);
+  t.like(snap.body, { backend: 'container', from: id });
+  t.deepEqual((await call(`/v1/snapshots?from=${id}`)).body.snapshots.map((s: { id: string }) => s.id), [snap.body.id]);
+  const made = await call('/v1/sandboxes', json({ fromSnapshot: snap.body.id }));
+  t.is(made.status, 201);
+  t.teardown(() => fetch(`${gw.url}/v1/sandboxes/${made.body.id}`, { method: 'DELETE' }));
+  t.is((await call(`/v1/sandboxes/${made.body.id}/exec`, json({ cmd: 'cat /marker' }))).body.stdout, 'kept\n');
+  const shot = await call(`/v1/sandboxes/${id}/display/screenshot`);
+  t.is(shot.status, 400);
+  t.regex(shot.body.message, /lacks the display capability/);
+  t.deepEqual((await call(`/v1/snapshots/${snap.body.id}`, { method: 'DELETE' })).body, { deleted: true });
   const del = await call('/v1/snapshots/sn-none', { method: 'DELETE' });
   t.is(del.status, 200);
   t.deepEqual(del.body, { deleted: false });

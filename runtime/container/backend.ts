@@ -21,7 +21,7 @@ import { constants as osConstants } from 'node:os';
 import { join } from 'node:path';
 import type { Logger } from 'pino';
 import { diskMiBOf, type NetworkPolicy, ProtocolError, type SandboxSpec, type SandboxStats } from '../../protocol/index.ts';
-import type { Backend, ExecOptions, ExecOutcome, HibernateOutcome } from '../backend.ts';
+import type { Backend, ExecOptions, ExecOutcome, HibernateOutcome, Snapshotting, SnapshotStore } from '../backend.ts';
 import { type CgroupMode, cgroupDir, detectCgroups, favorDynamicCgroups, isMountPoint, v1Hierarchies } from '../cgroups.ts';
 import { RootFiles } from '../files.ts';
 import { BUSYBOX_INIT } from '../images/busybox.ts';
@@ -40,6 +40,7 @@ import { execInContainer } from './exec.ts';
 import { Hardening } from './hardening.ts';
 import { baseEnv, ociConfig } from './oci.ts';
 import { CgroupSleep } from './sleep.ts';
+import { buildSnapshotBlob, removeStage, snapshotImageName, stageUpper } from './snapshot.ts';
 import { judged, LimitWatch } from './verdict.ts';
 
 export interface ContainerBackendOptions {
@@ -56,9 +57,27 @@ export interface ContainerBackendOptions {
   log?: Logger;
   /** Resolves a spec's images into the manifest its rootfs is composed of (the node's images). */
   resolve?: (spec: SandboxSpec) => Promise<ImageManifest>;
+  /** The image store the node reads, for snapshots of sandboxes' files (absent: no snapshots). */
+  store?: SnapshotImages;
 }
 
-export class ContainerBackend implements Backend {
+/** What snapshots of files need of the image store. */
+export interface SnapshotImages {
+  /** Uploads a finished blob file; its reference. */
+  pushLayer(file: string): Promise<LayerRef>;
+  get(name: string): Promise<ImageManifest | null>;
+  put(m: ImageManifest): Promise<ImageManifest>;
+  remove(name: string): Promise<void>;
+}
+
+/** What a snapshot of a sandbox's files keeps on the node beside the image it made (snapshots/<name>.json). */
+interface SnapshotRecord {
+  image: string;
+  bytes: number;
+  meta?: Record<string, unknown>;
+}
+
+export class ContainerBackend implements Backend, Snapshotting, SnapshotStore {
   readonly kind = 'container' as const;
   readonly cgroupMode: CgroupMode;
   private crun: string;
@@ -199,7 +218,7 @@ export class ContainerBackend implements Backend {
       const quota = deferCpuQuota(config);
       writeFileSync(join(dir, 'config.json'), JSON.stringify(config));
       const env = Object.fromEntries(baseEnv(image, spec).map((kv) => [kv.slice(0, kv.indexOf('=')), kv.slice(kv.indexOf('=') + 1)]));
-      const proc: SandboxProc = { env, idle: spec.qos === 'be', cwd: spec.cwd ?? image.cwd, process: config.process as Record<string, unknown> };
+      const proc: SandboxProc = { env, idle: spec.qos === 'be', cwd: spec.cwd ?? image.cwd, process: config.process as Record<string, unknown>, image };
       this.procs.set(id, proc);
       // overlayfs lists the top layer first; manifests list the bottom first.
       await this.crunRun(id, dir, spec.qos === 'be', this.hardening.ownMounts(dir, diskMiB, lowers.reverse(), rootfs));
@@ -258,7 +277,10 @@ export class ContainerBackend implements Backend {
     const errFile = join(dir, 'crun.err');
     const init = this.initBinary !== undefined;
     const argv = [this.crun, '--root', this.crunRoot, 'run', '-d', ...(init ? ['--preserve-fds', '1'] : []), '--pid-file', join(dir, 'init.pid'), '--bundle', dir, id];
-    const { code } = await this.spawner().run({ argv, env: { PATH: process.env.PATH ?? '/usr/bin:/bin' }, stderrFile: errFile, idle, passFd3: init, mounts });
+    const { code, disk } = await this.spawner().run({ argv, env: { PATH: process.env.PATH ?? '/usr/bin:/bin' }, stderrFile: errFile, idle, passFd3: init, mounts });
+    const p = this.procs.get(id);
+    if (disk && p) p.disk = disk;
+    else if (disk) this.spawner().releaseDisk(disk);
     if (code !== 0) {
       const msg = (await readFile(errFile, 'utf8').catch(() => '')).trim();
       throw new ProtocolError('BACKEND_FAILED', `start: ${msg || `exit ${code}`}`);
@@ -428,6 +450,8 @@ export class ContainerBackend implements Backend {
     const dir = this.dir(id);
     const p = this.procs.get(id);
     if (p?.root !== undefined) closeSync(p.root);
+    // Held, the disk's tmpfs (charged to this sandbox) would outlive it.
+    if (p?.disk) this.spawn?.releaseDisk(p.disk);
     if (p?.pid !== undefined) this.byInit.delete(p.pid);
     this.procs.delete(id);
     await this.egress.remove(id);
@@ -521,6 +545,99 @@ export class ContainerBackend implements Backend {
     if (await killAll(cgroupDir(this.cgroupMode, path, ctrl))) await new Promise((r) => setTimeout(r, 50));
   }
 
+  // ─── snapshots of files (snapshot.ts) ──────────────────────────────────────────────────
+
+  private get snapshotsDir(): string {
+    return join(this.opts.nodeDir, 'snapshots');
+  }
+
+  private images(): SnapshotImages {
+    if (!this.opts.store) throw new ProtocolError('UNAVAILABLE', 'this node was opened without an image store: no snapshots of files');
+    return this.opts.store;
+  }
+
+  /**
+   * The sandbox's writable layer as one more layer in the image store, and an image of its layers
+   * with that one on top (`snapshot-<name>`). The sandbox is frozen for the copy of its writable
+   * layer only (stageUpper); the build and the upload run while it runs on.
+   */
+  async snapshot(id: string, opts: { name?: string; meta?: Record<string, unknown> } = {}): Promise<{ snapshot: string; bytes: number }> {
+    const p = this.running(id);
+    const store = this.images();
+    if (!p.disk) throw new ProtocolError('UNAVAILABLE', `sandbox ${id}'s writable layer cannot be reached (the node's process spawner restarted after it was created): its files cannot be snapshotted`);
+    const name = opts.name ?? `sn-${id}-${Date.now().toString(36)}`;
+    const image = snapshotImageName(name);
+    await mkdir(this.snapshotsDir, { recursive: true });
+    const stage = join(this.snapshotsDir, `stage-${name}`);
+    const blob = join(this.snapshotsDir, `blob-${name}.erofs`);
+    const path = this.cgroupPath(id);
+    try {
+      await this.sleeper.freeze(path);
+      try {
+        await stageUpper(`/proc/${p.disk.pid}/fd/${p.disk.fd}/upper`, stage, this.hardening.ids);
+      } finally {
+        await this.sleeper.thaw(path);
+      }
+      await buildSnapshotBlob(stage, blob);
+      const layer = await store.pushLayer(blob);
+      const { recipe: _, ...base } = p.image;
+      await store.put({ ...base, name: image, layers: [...p.image.layers, layer] });
+      const rec: SnapshotRecord = { image, bytes: layer.size, ...(opts.meta ? { meta: opts.meta } : {}) };
+      await writeFile(join(this.snapshotsDir, `${name}.json`), JSON.stringify(rec));
+      return { snapshot: name, bytes: layer.size };
+    } catch (e) {
+      await store.remove(image).catch(() => {});
+      await rm(join(this.snapshotsDir, `${name}.json`), { force: true });
+      if (e instanceof ProtocolError) throw e;
+      throw new ProtocolError('BACKEND_FAILED', `snapshot of ${id}: ${(e as Error).message}`, { cause: e });
+    } finally {
+      await removeStage(stage);
+      await rm(blob, { force: true });
+    }
+  }
+
+  /** A new sandbox on the image of a snapshot of files: taken here or on any node that reads the same store. */
+  async restoreFrom(snapshot: string, newId: string, spec: SandboxSpec): Promise<void> {
+    const image = await this.images().get(snapshotImageName(snapshot));
+    if (!image) throw new ProtocolError('NOT_FOUND', `snapshot ${snapshot}: its image ${snapshotImageName(snapshot)} is not in the image store this node reads`, { detail: { field: 'fromSnapshot', snapshot } });
+    await this.create(newId, spec, { image });
+  }
+
+  async fork(id: string, newId: string, spec: SandboxSpec): Promise<void> {
+    const { snapshot } = await this.snapshot(id, { meta: { temporary: true } });
+    try {
+      await this.restoreFrom(snapshot, newId, spec);
+    } finally {
+      await this.deleteSnapshot(snapshot);
+    }
+  }
+
+  async listSnapshots(): Promise<Array<{ snapshot: string; bytes: number; meta?: Record<string, unknown> }>> {
+    const out: Array<{ snapshot: string; bytes: number; meta?: Record<string, unknown> }> = [];
+    for (const f of await readdir(this.snapshotsDir).catch(() => [] as string[])) {
+      if (f.startsWith('stage-') || f.startsWith('blob-')) {
+        // A snapshot cut short by the node's end.
+        await removeStage(join(this.snapshotsDir, f));
+        continue;
+      }
+      if (!f.endsWith('.json')) continue;
+      const rec = JSON.parse(await readFile(join(this.snapshotsDir, f), 'utf8').catch(() => '{}')) as Partial<SnapshotRecord>;
+      out.push({ snapshot: f.slice(0, -5), bytes: rec.bytes ?? 0, ...(rec.meta ? { meta: rec.meta } : {}) });
+    }
+    return out;
+  }
+
+  /**
+   * Forgets the snapshot's image. Its layer stays in the store for sandboxes still running on it
+   * until the store's garbage collection (`paddock image gc`), like any image's.
+   */
+  async deleteSnapshot(name: string): Promise<void> {
+    const image = snapshotImageName(name);
+    const store = this.images();
+    if (await store.get(image)) await store.remove(image);
+    await rm(join(this.snapshotsDir, `${name}.json`), { force: true });
+  }
+
   async close(): Promise<void> {
     await this.initBinary?.close().catch(() => {});
     this.initBinary = undefined;
@@ -556,6 +673,10 @@ interface SandboxProc {
   root?: number;
   /** Why its init ended by itself (initEnded), when it did. */
   ended?: string;
+  /** The image its root is composed of. */
+  image: ImageManifest;
+  /** Its writable layer's disk, held open by the spawner (snapshots read the upper dir through it). */
+  disk?: { pid: number; fd: number };
 }
 
 

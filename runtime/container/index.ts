@@ -31,6 +31,7 @@ export const containerPlugin: BackendPlugin = {
       binDir: ctx.cfg.binDir,
       log: ctx.log,
       resolve: (spec) => ctx.images.forSpec(spec),
+      store: ctx.images.snapshotImages,
     });
     return b;
   },

@@ -9,7 +9,9 @@
  */
 import { type NodeLayerStats, ProtocolError, type SandboxSpec } from '../../protocol/index.ts';
 import type { NodeConfig } from '../config.ts';
+import { rm, writeFile } from 'node:fs/promises';
 import { ensureBusyboxImage } from './busybox.ts';
+import { DEFAULT_CHUNK, indexFile, sha256 } from './chunks.ts';
 import type { LayerStore } from './layer-store.ts';
 import { LayerManager } from './layers.ts';
 import { openStore } from './remote.ts';
@@ -176,6 +178,28 @@ export class NodeImages {
       spec.workspace === undefined ? undefined : this.need('workspace', spec.workspace),
     ]);
     return compose(base, toolkit, workspace);
+  }
+
+  /** The store as snapshots of sandboxes' files use it: blobs pushed, images put, read and removed. */
+  get snapshotImages(): { pushLayer(file: string): Promise<LayerRef>; get(name: string): Promise<ImageManifest | null>; put(m: ImageManifest): Promise<ImageManifest>; remove(name: string): Promise<void> } {
+    return {
+      pushLayer: async (file) => {
+        const { hex, size, index } = await indexFile(file, DEFAULT_CHUNK);
+        const ref: LayerRef = { digest: `sha256:${hex}`, size, index: `sha256:${sha256(index)}`, chunk: DEFAULT_CHUNK };
+        const idx = `${file}.idx`;
+        await writeFile(idx, index);
+        try {
+          await this.store.pushBlob(ref, file, idx);
+        } finally {
+          await rm(idx, { force: true });
+        }
+        return ref;
+      },
+      // Not through the manifest cache: a snapshot's image is new, and a miss is not kept anyway.
+      get: (name) => this.store.get(name),
+      put: (m) => this.store.put(m),
+      remove: (name) => this.store.remove(name),
+    };
   }
 
   stats(): Promise<NodeLayerStats> {
