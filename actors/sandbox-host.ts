@@ -35,11 +35,12 @@ import {
   validateStep,
 } from '../protocol/index.ts';
 import type { StepJournal } from '../chronus/journal.ts';
-import { type Backend, canSnapshot, type Display, EXEC_KILLED, type ExecOptions, type ExecOutcome, hasDisplay } from '../runtime/backend.ts';
+import { type Backend, canForwardPorts, canSnapshot, type Display, EXEC_KILLED, type ExecOptions, type ExecOutcome, hasDisplay } from '../runtime/backend.ts';
 import { Semaphore } from '../runtime/limit.ts';
 import { Attr } from '../protocol/trace.ts';
 import { type Request, STREAMED, serve, tracer } from './bind.ts';
 import { ExecStream, STREAM_KEEP_MS } from './exec-stream.ts';
+import { PortSessions } from './port-sessions.ts';
 import type { Inspector } from './inspect.ts';
 import { allows, isAsleep, isFinal, publicState, type SandboxContext, type SandboxEvent, sandboxMachine } from './sandbox.ts';
 
@@ -108,6 +109,7 @@ export class SandboxHost {
         const h = SandboxHost.of(system);
         // The reason tells the exec's verdict (KILLED) from a caller's cancel (CANCELLED).
         for (const c of h.execs.values()) c.abort(EXEC_KILLED);
+        h.portSessions?.closeAll();
         await h.deps.backend.destroy(h.id);
       }),
       pause: SandboxHost.verb((b, id) => b.pause(id)),
@@ -140,6 +142,8 @@ export class SandboxHost {
   private sub?: Subscription;
   private logger?: Logger;
   private readonly execs = new Map<string, AbortController>();
+  /** Connections to its ports (ports.* verbs), made on first use. */
+  private portSessions?: PortSessions;
   /** Streamed execs, running and recently ended (STREAM_KEEP_MS), by execId. */
   private readonly streams = new Map<string, ExecStream>();
   /**
@@ -446,6 +450,14 @@ export class SandboxHost {
     return this.deps.backend;
   }
 
+  /** @internal the sandbox's port connections, for the ports.* handlers. */
+  get ports(): PortSessions {
+    const b = this.deps.backend;
+    if (!canForwardPorts(b)) throw new ProtocolError('INVALID_REQUEST', `backend ${this.spec.backend} cannot connect to ports (it lacks the ports capability)`);
+    this.portSessions ??= new PortSessions({ sandbox: this.id, nc: this.deps.nc, log: this.log, maxPayload: this.deps.maxPayload, connect: (port) => b.connectPort(this.id, port) });
+    return this.portSessions;
+  }
+
   /** @internal the node's snapshot service, for the snapshot and fork handlers. */
   get snapshots(): SandboxSnapshots {
     if (!this.deps.snapshots) throw new ProtocolError('UNAVAILABLE', `node ${this.deps.nodeId} keeps no snapshots`);
@@ -591,6 +603,16 @@ const HANDLERS: Record<SandboxVerb, (h: SandboxHost, req: Request) => Promise<un
   },
   snapshot: (h) => h.snapshots.snapshot(h),
   fork: (h, req) => h.snapshots.fork(h, validateSandboxRequest('fork', req.body)),
+  'ports.connect': async (h, req) => {
+    await h.ports.connect(validateSandboxRequest('ports.connect', req.body).port, req.msg.reply);
+    return STREAMED;
+  },
+  'ports.send': (h, req) => {
+    const b = validateSandboxRequest('ports.send', req.body);
+    return h.ports.send(b.connId, b.d, b.end === true);
+  },
+  'ports.close': async (h, req) => h.ports.close(validateSandboxRequest('ports.close', req.body).connId),
+  'ports.url': (h, req) => h.ports.url(validateSandboxRequest('ports.url', req.body).port),
 };
 
 function hasCapability(b: Backend, cap: Capability): boolean {
@@ -603,6 +625,8 @@ function hasCapability(b: Backend, cap: Capability): boolean {
       return canSnapshot(b);
     case 'display':
       return hasDisplay(b);
+    case 'ports':
+      return canForwardPorts(b);
   }
 }
 /** States a lifecycle step ends in (the transient ones are on the way). */

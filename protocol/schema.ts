@@ -412,6 +412,51 @@ export const DisplayViewReply = Type.Object(
 );
 export type DisplayViewReply = Static<typeof DisplayViewReply>;
 
+// ─── Ports: connections to TCP ports inside a sandbox, from the node's side ─────────────────
+
+const Port = Type.Integer({ minimum: 1, maximum: 65535, description: "a TCP port on the sandbox's loopback (127.0.0.1, else ::1)", errorMessage: 'must be an integer from 1 to 65535' });
+const ConnId = Token('the connection, as ports.connect named it');
+export const PortsConnectRequest = Type.Object({ port: Port }, { $id: 'PortsConnectRequest', additionalProperties: false });
+export type PortsConnectRequest = Static<typeof PortsConnectRequest>;
+/**
+ * One message of a port connection, on the caller's inbox: `open` first (its connId for
+ * ports.send and ports.close), then the bytes the server sends, then `end` (the server closed, or
+ * the connection was closed) or `error`.
+ */
+export const PortEvent = Type.Union(
+  [
+    Type.Object({ t: Type.Literal('open'), connId: ConnId }),
+    Type.Object({ t: Type.Literal('d'), d: Bytes('bytes the server sent') }),
+    Type.Object({ t: Type.Literal('end') }),
+    Type.Object({ t: Type.Literal('error'), error: WireErrorSchema }),
+  ],
+  { $id: 'PortEvent' },
+);
+export type PortEvent = Static<typeof PortEvent>;
+export const PortsSendRequest = Type.Object(
+  {
+    connId: ConnId,
+    d: Type.Optional(Bytes('bytes for the server', Limits.files.chunkMax)),
+    end: Type.Optional(Type.Boolean({ description: 'nothing more will be sent: the server reads end of file (it may still answer)' })),
+  },
+  { $id: 'PortsSendRequest', additionalProperties: false },
+);
+export type PortsSendRequest = Static<typeof PortsSendRequest>;
+export const PortsCloseRequest = Type.Object({ connId: ConnId }, { $id: 'PortsCloseRequest', additionalProperties: false });
+export type PortsCloseRequest = Static<typeof PortsCloseRequest>;
+export const PortsCloseReply = Type.Object({ closed: Type.Boolean({ description: 'false: no connection of that id is open (it ended, or never was)' }) }, { $id: 'PortsCloseReply' });
+export type PortsCloseReply = Static<typeof PortsCloseReply>;
+export const PortsUrlRequest = Type.Object({ port: Port }, { $id: 'PortsUrlRequest', additionalProperties: false });
+export type PortsUrlRequest = Static<typeof PortsUrlRequest>;
+export const PortsUrlReply = Type.Object(
+  {
+    url: Type.String({ description: "`http://127.0.0.1:<p>/` on the node's loopback: every TCP connection to it is a connection to the port inside" }),
+    port: Type.Integer(),
+  },
+  { $id: 'PortsUrlReply' },
+);
+export type PortsUrlReply = Static<typeof PortsUrlReply>;
+
 export const ComputerReply = Type.Object(
   {
     cursor: Type.Object({ x: Type.Integer(), y: Type.Integer() }, { description: 'where the pointer is after the action' }),
@@ -675,6 +720,13 @@ export const NamedSchemas: Record<string, TSchema> = {
   Screenshot,
   DisplayViewRequest,
   DisplayViewReply,
+  PortsConnectRequest,
+  PortEvent,
+  PortsSendRequest,
+  PortsCloseRequest,
+  PortsCloseReply,
+  PortsUrlRequest,
+  PortsUrlReply,
   CreateRequest,
   CreateReply,
   LifecycleRequest,

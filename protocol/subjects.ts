@@ -155,6 +155,8 @@ const RESENDABLE = new Set([
   'stats',
   'display.screenshot',
   'display.view',
+  'ports.close',
+  'ports.url',
   'kill',
   'network.set',
   'rollouts.attach',

@@ -21,6 +21,10 @@ import {
   ExecRequest,
   type FnCompareMode,
   ForkRequest,
+  PortsCloseRequest,
+  PortsConnectRequest,
+  PortsSendRequest,
+  PortsUrlRequest,
   FnInvokeRequest,
   type FnLanguage,
   type FnLimits,
@@ -341,6 +345,10 @@ export const SandboxRequests = {
   'display.view': DisplayViewRequest,
   snapshot: Empty,
   fork: ForkRequest,
+  'ports.connect': PortsConnectRequest,
+  'ports.send': PortsSendRequest,
+  'ports.close': PortsCloseRequest,
+  'ports.url': PortsUrlRequest,
 } as const satisfies Record<SandboxVerb, TSchema>;
 
 /** A sandbox verb's request, checked against its schema (exec has its own: validateExec). */

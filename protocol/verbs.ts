@@ -8,7 +8,7 @@
 import type { SandboxState } from './messages.ts';
 
 /** What only some backends do; a verb that needs one is refused on a backend without it. */
-export const Capabilities = ['network', 'stats', 'snapshot', 'display'] as const;
+export const Capabilities = ['network', 'stats', 'snapshot', 'display', 'ports'] as const;
 export type Capability = (typeof Capabilities)[number];
 
 export interface VerbRow {
@@ -48,6 +48,10 @@ export const SandboxVerbTable = {
   'display.action': { states: RUNNING, wakes: true, capability: 'display', request: 'ComputerAction', reply: 'ComputerReply' },
   snapshot: { states: RUNNING, wakes: true, capability: 'snapshot', request: 'Empty', reply: 'SnapshotInfo' },
   fork: { states: RUNNING, wakes: true, capability: 'snapshot', request: 'ForkRequest', reply: 'ForkReply' },
+  'ports.connect': { states: RUNNING, wakes: true, capability: 'ports', request: 'PortsConnectRequest', reply: 'PortEvent' },
+  'ports.send': { states: RUNNING, wakes: true, capability: 'ports', request: 'PortsSendRequest', reply: 'Empty' },
+  'ports.close': { states: [...LIVE, 'stopping'], wakes: false, capability: 'ports', request: 'PortsCloseRequest', reply: 'PortsCloseReply' },
+  'ports.url': { states: RUNNING, wakes: true, capability: 'ports', request: 'PortsUrlRequest', reply: 'PortsUrlReply' },
 } as const satisfies Record<string, VerbRow>;
 
 export type SandboxVerb = keyof typeof SandboxVerbTable;

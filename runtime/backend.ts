@@ -5,6 +5,7 @@
  * `BackendPlugin` and passes test/backend-contract.test.ts; nothing else moves.
  */
 
+import type { Duplex } from 'node:stream';
 import type { Logger } from 'pino';
 import type { BackendKind, ComputerAction, ExecVerdict, FileEntry, NetworkPolicy, Resources, SandboxSpec, SandboxStats } from '../protocol/index.ts';
 import type { NodeConfig } from './config.ts';
@@ -126,6 +127,22 @@ export interface Display {
   act(id: string, action: ComputerAction): Promise<{ cursor: { x: number; y: number } }>;
   /** A URL a person opens to watch the screen live; `control` lets them type and click too. */
   view(id: string, control: boolean): Promise<{ url: string; control: boolean }>;
+}
+
+/**
+ * Capability: connections to TCP ports inside the sandbox, made from the node's side (the sandbox
+ * needs no network for them): a dev server, a test service the agent started.
+ */
+export interface PortForwarding {
+  /**
+   * A byte stream to `port` on the sandbox's loopback. NOT_FOUND when nothing listens there;
+   * destroying the stream closes the connection.
+   */
+  connectPort(id: string, port: number): Promise<Duplex>;
+}
+
+export function canForwardPorts(b: Backend): b is Backend & PortForwarding {
+  return typeof (b as Partial<PortForwarding>).connectPort === 'function';
 }
 
 export function canSnapshot(b: Backend): b is Backend & Snapshotting {

@@ -28,6 +28,7 @@ import {
 } from '../protocol/index.ts';
 import { Attr, traceHeaders } from '../protocol/trace.ts';
 import { CancelledError, errorFromWire, NotFoundError, TimeoutError, UnavailableError } from './errors.ts';
+import { SandboxPorts } from './ports.ts';
 import { type CallOptions, checkTimeout, clientAttrs, sdkTracer, spanFailed, type Transport } from './transport.ts';
 
 export interface ExecOptions extends CallOptions {
@@ -126,6 +127,8 @@ export class Sandbox {
   readonly network: SandboxNetwork;
   /** The screen, pointer and keyboard of a full VM (`backend: 'fullvm'`). */
   readonly display: SandboxDisplay;
+  /** TCP ports inside the sandbox, reached from outside without giving it a network (containers). */
+  readonly ports: SandboxPorts;
 
   constructor(
     private readonly t: Transport,
@@ -136,6 +139,14 @@ export class Sandbox {
     this.files = new SandboxFiles(this);
     this.network = new SandboxNetwork(this);
     this.display = new SandboxDisplay(this);
+    const sb = this;
+    this.ports = new SandboxPorts({
+      get id() {
+        return sb.id;
+      },
+      nc: t.nc,
+      call: (verb, body, opts) => sb.call(verb, body, opts),
+    });
   }
 
   get id(): string {

@@ -5,6 +5,7 @@ import { openApiDocument } from '../ops/gateway/openapi.ts';
 import { NoCapacityError } from '../sdk/index.ts';
 import { clusterTest } from './helpers/cluster.ts';
 import { type SseEvent, sseEvents, startTestGateway, type TestGateway } from './helpers/gateway.ts';
+import { eventually } from './helpers/wait.ts';
 
 const test = clusterTest();
 let gw: TestGateway;
@@ -231,6 +232,23 @@ test('snapshot routes: a container snapshot of files, listed, a sandbox created 
   t.is((await call('/v1/sandboxes', json({ fromSnapshot: 'sn-none' }))).status, 404);
 });
 
+test('ports: HTTP to a server inside a sandbox without network, through the gateway; nothing listening is NOT_FOUND', async (t) => {
+  const id = await create();
+  t.teardown(() => fetch(`${gw.url}/v1/sandboxes/${id}`, { method: 'DELETE' }));
+  const start = await call(`/v1/sandboxes/${id}/exec`, json({ cmd: 'mkdir -p /www/sub && echo deep > /www/sub/page.txt && httpd -p 127.0.0.1:8080 -h /www && echo up' }));
+  t.is(start.body.stdout, 'up\n');
+  const page = await eventually(async () => {
+    const r = await call(`/v1/sandboxes/${id}/ports/8080/sub/page.txt?x=1`);
+    return r.status === 200 ? r : undefined;
+  });
+  t.is(page?.body, 'deep\n');
+  t.is((await call(`/v1/sandboxes/${id}/ports/8080/missing.txt`)).status, 404, "the server's own 404 comes back");
+  const none = await call(`/v1/sandboxes/${id}/ports/9999/`);
+  t.is(none.status, 404);
+  t.is(none.body.code, 'NOT_FOUND');
+  t.is((await call(`/v1/sandboxes/${id}/ports/0/`)).body.code, 'INVALID_REQUEST');
+});
+
 test('errors are JSON with a stable code; bad input is 400, unknown routes 404, oversize bodies 413', async (t) => {
   const bad = await call('/v1/sandboxes', json({ memoryMiB: 'lots' }));
   t.is(bad.status, 400);
@@ -311,7 +329,8 @@ test('the OpenAPI document has every route the gateway serves, with bodies from 
   const missing: string[] = [];
   for (const r of gw.registered) {
     if (r.url === '/' || r.url.startsWith('/ui/')) continue;
-    const p = r.url.replace(/:(\w+)/g, '{$1}');
+    // fastify's wildcard is the document's `{rest}` (the rest of the path).
+    const p = r.url.replace(/:(\w+)/g, '{$1}').replace(/\*$/, '{rest}');
     if (!doc.paths[p]?.[r.method.toLowerCase()]) missing.push(`${r.method} ${p}`);
   }
   t.deepEqual(missing, []);

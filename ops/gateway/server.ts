@@ -3,7 +3,7 @@
  * gateway holds no state of its own and any number of them can serve one Paddock. Streams (exec
  * output, lifecycle events) are Server-Sent Events; file bodies are raw bytes moved chunk by chunk.
  */
-import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+import { createServer, request as httpRequest, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import { Readable } from 'node:stream';
 import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest, type RouteOptions } from 'fastify';
 import { decode, GroupVerbs, isToken, Limits, type SandboxInfo, SandboxStates, subjects } from '../../protocol/index.ts';
@@ -163,6 +163,48 @@ function sandbox(pdk: Paddock, id: string | undefined): Sandbox {
 
 type Handler = (req: Req, reply: FastifyReply) => Promise<unknown>;
 
+/** Hop-by-hop headers and the caller's key stay here; everything else goes to the server inside. */
+const NOT_FORWARDED = new Set(['authorization', 'connection', 'keep-alive', 'proxy-connection', 'transfer-encoding', 'upgrade', 'te', 'trailer', 'host']);
+
+/**
+ * One HTTP request to a port inside a sandbox, over a connection the node makes in its network
+ * namespace (sb.ports.connect): the gateway needs no route to the node's loopback, only NATS.
+ */
+async function proxyPort(pdk: Paddock, req: Req, reply: FastifyReply): Promise<void> {
+  const sb = sandbox(pdk, req.params.id);
+  const port = Number(req.params.port);
+  if (!Number.isInteger(port) || port < 1 || port > 65535) throw new GatewayError('INVALID_REQUEST', `port: must be an integer from 1 to 65535, not ${req.params.port}`);
+  const rest = (req.params as Record<string, string | undefined>)['*'] ?? '';
+  const q = req.url.indexOf('?');
+  const conn = await sb.ports.connect(port);
+  const headers: Record<string, string | string[]> = {};
+  for (const [k, v] of Object.entries(req.headers)) if (v !== undefined && !NOT_FORWARDED.has(k)) headers[k] = v;
+  headers.host = `127.0.0.1:${port}`;
+  reply.hijack();
+  const raw = reply.raw;
+  await new Promise<void>((resolve) => {
+    const up = httpRequest({ method: req.method, path: `/${rest}${q >= 0 ? req.url.slice(q) : ''}`, headers, createConnection: () => conn as never }, (res) => {
+      raw.writeHead(res.statusCode ?? 502, res.headers);
+      res.pipe(raw);
+      res.once('end', resolve);
+    });
+    up.on('error', (err) => {
+      if (!raw.headersSent) {
+        raw.writeHead(502, { 'content-type': 'application/json' });
+        raw.end(JSON.stringify({ code: 'BACKEND_FAILED', message: `port ${port} of sandbox ${sb.id}: ${err.message}`, retryable: true }));
+      } else raw.destroy();
+      resolve();
+    });
+    raw.once('close', () => {
+      conn.destroy();
+      resolve();
+    });
+    const body = req.body;
+    if (body instanceof Readable) body.pipe(up);
+    else up.end();
+  });
+}
+
 /** The handler of each route in routes.ts, by its operationId. */
 function handlers(o: GatewayContext): Record<string, Handler> {
   const { pdk } = o;
@@ -249,6 +291,10 @@ function handlers(o: GatewayContext): Record<string, Handler> {
       const from = str(req.query, 'from');
       return { snapshots: await pdk.snapshots.list({ ...(node !== undefined ? { node: token(node, 'node') } : {}), ...(from !== undefined ? { from: token(from, 'from') } : {}) }) };
     },
+    portGet: (req, reply) => proxyPort(pdk, req, reply),
+    portPost: (req, reply) => proxyPort(pdk, req, reply),
+    portPut: (req, reply) => proxyPort(pdk, req, reply),
+    portDelete: (req, reply) => proxyPort(pdk, req, reply),
     deleteSnapshot: async (req) => ({ deleted: await pdk.snapshots.delete(token(req.params.id, 'snapshot id')) }),
     screenshot: async (req, reply) => {
       const s = await sandbox(pdk, req.params.id).display.screenshot();
@@ -460,7 +506,8 @@ export function buildGateway(opts: GatewayOptions): Gateway {
     if (!handler) throw new Error(`route ${r.operationId} has no handler`);
     scope.route({
       method: r.method,
-      url: r.path.replace(/\{(\w+)\}/g, ':$1'),
+      // `{rest}` at the end is the rest of the path, slashes and all: fastify's wildcard.
+      url: r.path.replace(/\{rest\}$/, '*').replace(/\{(\w+)\}/g, ':$1'),
       ...(r.public
         ? {}
         : {

@@ -15,13 +15,15 @@
  *                            and disk/ (tmpfs: upper/, work/) and rootfs/ (the overlay), mounted
  *                            only in the sandbox's namespaces
  */
+import { spawn } from 'node:child_process';
 import { closeSync, constants, mkdirSync, openSync, readFileSync, writeFileSync } from 'node:fs';
 import { type FileHandle, mkdir, open, readdir, readFile, rm, rmdir, writeFile } from 'node:fs/promises';
 import { constants as osConstants } from 'node:os';
 import { join } from 'node:path';
+import { Duplex } from 'node:stream';
 import type { Logger } from 'pino';
 import { diskMiBOf, type NetworkPolicy, ProtocolError, type SandboxSpec, type SandboxStats } from '../../protocol/index.ts';
-import type { Backend, ExecOptions, ExecOutcome, HibernateOutcome, Snapshotting, SnapshotStore } from '../backend.ts';
+import type { Backend, ExecOptions, ExecOutcome, HibernateOutcome, PortForwarding, Snapshotting, SnapshotStore } from '../backend.ts';
 import { type CgroupMode, cgroupDir, detectCgroups, favorDynamicCgroups, isMountPoint, v1Hierarchies } from '../cgroups.ts';
 import { RootFiles } from '../files.ts';
 import { BUSYBOX_INIT } from '../images/busybox.ts';
@@ -77,7 +79,7 @@ interface SnapshotRecord {
   meta?: Record<string, unknown>;
 }
 
-export class ContainerBackend implements Backend, Snapshotting, SnapshotStore {
+export class ContainerBackend implements Backend, Snapshotting, SnapshotStore, PortForwarding {
   readonly kind = 'container' as const;
   readonly cgroupMode: CgroupMode;
   private crun: string;
@@ -545,6 +547,49 @@ export class ContainerBackend implements Backend, Snapshotting, SnapshotStore {
     if (await killAll(cgroupDir(this.cgroupMode, path, ctrl))) await new Promise((r) => setTimeout(r, 50));
   }
 
+  // ─── ports (portfwd.c) ─────────────────────────────────────────────────────────────────
+
+  /** One connection to `port` on the sandbox's loopback, through a portfwd process in its network namespace. */
+  async connectPort(id: string, port: number): Promise<Duplex> {
+    const p = this.running(id);
+    if (!Number.isInteger(port) || port < 1 || port > 65535) throw new ProtocolError('INVALID_REQUEST', `port: must be an integer from 1 to 65535, not ${port}`, { detail: { field: 'port' } });
+    const bin = await buildStaticBinary(PORTFWD_SOURCE, this.opts.binDir, 'portfwd', 'Port forwarding');
+    const child = spawn(bin, [String(p.pid), String(port)], { stdio: ['pipe', 'pipe', 'pipe'] });
+    const said = await new Promise<string>((resolve) => {
+      let err = '';
+      const onData = (d: Buffer) => {
+        err += d.toString();
+        if (err.includes('\n')) done(err.slice(0, err.indexOf('\n')));
+      };
+      const done = (line: string) => {
+        child.stderr.off('data', onData);
+        child.off('exit', onExit);
+        resolve(line);
+      };
+      const onExit = () => done(err.trim() || 'error portfwd: ended');
+      child.stderr.on('data', onData);
+      child.once('exit', onExit);
+      child.once('error', (e) => done(`error spawn: ${e.message}`));
+    });
+    if (said !== 'ok') {
+      child.kill('SIGKILL');
+      if (said === 'refused') throw new ProtocolError('NOT_FOUND', `nothing listens on port ${port} in sandbox ${id} (127.0.0.1 and ::1)`, { detail: { port } });
+      throw new ProtocolError('BACKEND_FAILED', `connect to port ${port} in sandbox ${id}: ${said.replace(/^error /, '')}`);
+    }
+    child.stderr.resume();
+    const stream = Duplex.from({ readable: child.stdout, writable: child.stdin });
+    // Destroying it mid-way emits AbortError: an 'error' nobody listened for would end the node.
+    stream.on('error', (err) => this.opts.log?.debug({ err, sandbox: id, port }, 'port connection ended with an error'));
+    // The process is the connection: closing the stream ends it, and once it has ended (the server
+    // closed) the stream closes after its last bytes have been read, not before.
+    stream.once('close', () => child.kill('SIGKILL'));
+    child.once('close', () => {
+      if (stream.readableEnded) stream.destroy();
+      else stream.once('end', () => stream.destroy());
+    });
+    return stream;
+  }
+
   // ─── snapshots of files (snapshot.ts) ──────────────────────────────────────────────────
 
   private get snapshotsDir(): string {
@@ -650,6 +695,7 @@ export class ContainerBackend implements Backend, Snapshotting, SnapshotStore {
 }
 
 const INIT_SOURCE = sourceFile('runtime/container/init.c');
+const PORTFWD_SOURCE = sourceFile('runtime/container/portfwd.c');
 
 /**
  * Image inits that only keep a container alive: the sandbox init does that by itself, so they are
