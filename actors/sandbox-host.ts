@@ -2,7 +2,7 @@
  * Binds one sandbox actor to NATS: it subscribes to `pdk.v1.sb.<id>.>`, turns verbs into events
  * or backend calls, and publishes every transition as an event and a directory record.
  */
-import { cpus } from 'node:os';
+import { constants as osConstants, cpus } from 'node:os';
 import type { KV } from '@nats-io/kv';
 import type { NatsConnection, Subscription } from '@nats-io/transport-node';
 import { context, type Span, SpanKind, SpanStatusCode, trace } from '@opentelemetry/api';
@@ -18,6 +18,9 @@ import {
   type ForkReply,
   type ForkRequest,
   encode,
+  Limits,
+  type ProcessEvent,
+  type ProcessInfo,
   isSandboxVerb,
   ProtocolError,
   parseSandboxSubject,
@@ -35,12 +38,13 @@ import {
   validateStep,
 } from '../protocol/index.ts';
 import type { StepJournal } from '../chronus/journal.ts';
-import { type Backend, canSnapshot, type Display, EXEC_KILLED, type ExecOptions, type ExecOutcome, hasDisplay } from '../runtime/backend.ts';
+import { type Backend, canSnapshot, type Display, EXEC_KILLED, type ExecOptions, type ExecOutcome, hasDisplay, hasProcesses, type Processes } from '../runtime/backend.ts';
 import { Semaphore } from '../runtime/limit.ts';
 import { Attr } from '../protocol/trace.ts';
 import { type Request, STREAMED, serve, tracer } from './bind.ts';
 import { ExecStream, STREAM_KEEP_MS } from './exec-stream.ts';
 import type { Inspector } from './inspect.ts';
+import { ProcessTable } from './processes.ts';
 import { allows, isAsleep, isFinal, publicState, type SandboxContext, type SandboxEvent, sandboxMachine } from './sandbox.ts';
 
 export interface SandboxHostDeps {
@@ -50,6 +54,8 @@ export interface SandboxHostDeps {
   nodeId: string;
   log: Logger;
   maxOutputBytes: number;
+  /** Output each background process keeps per stream (default Limits.processes.bufferBytes.default); a request may ask for another size. */
+  processBufferBytes?: number;
   /** Output each streamed exec keeps for exec.resume (default STREAM_BUFFER_BYTES). */
   streamBufferBytes?: number;
   /** Largest message the connection may publish; bounds a non-streamed exec's reply. */
@@ -108,6 +114,7 @@ export class SandboxHost {
         const h = SandboxHost.of(system);
         // The reason tells the exec's verdict (KILLED) from a caller's cancel (CANCELLED).
         for (const c of h.execs.values()) c.abort(EXEC_KILLED);
+        h.processes.killAll();
         await h.deps.backend.destroy(h.id);
       }),
       pause: SandboxHost.verb((b, id) => b.pause(id)),
@@ -140,6 +147,8 @@ export class SandboxHost {
   private sub?: Subscription;
   private logger?: Logger;
   private readonly execs = new Map<string, AbortController>();
+  /** @internal background processes and terminals (process.* verbs). */
+  readonly processes: ProcessTable;
   /** Streamed execs, running and recently ended (STREAM_KEEP_MS), by execId. */
   private readonly streams = new Map<string, ExecStream>();
   /**
@@ -171,6 +180,7 @@ export class SandboxHost {
     readonly spec: SandboxSpec,
   ) {
     const now = Date.now();
+    this.processes = new ProcessTable(id);
     this.info = {
       id,
       node: deps.nodeId,
@@ -537,6 +547,59 @@ export class SandboxHost {
     }
   }
 
+  /** @internal process.start: the entry first, so that no output is missed, then the process through an exec start slot. */
+  async startProcess(req: Request): Promise<ProcessInfo> {
+    const b = validateSandboxRequest('process.start', req.body);
+    if (!b.pty && (b.cmd === undefined || b.cmd.length === 0)) throw new ProtocolError('INVALID_REQUEST', 'process.start needs `cmd` (only a terminal, `pty`, has a default: the shell)', { detail: { field: 'cmd' } });
+    const cmd = b.cmd ?? [];
+    if (cmd.reduce((n, a) => n + Buffer.byteLength(a), 0) > Limits.exec.argBytesMax) throw new ProtocolError('PAYLOAD_TOO_LARGE', `cmd is over ${Limits.exec.argBytesMax} bytes`, { detail: { field: 'cmd' } });
+    const entry = this.processes.add(cmd, b.bufferBytes ?? this.deps.processBufferBytes ?? Limits.processes.bufferBytes.default, { ...(b.tag !== undefined ? { tag: b.tag } : {}), ...(b.pty ? { pty: b.pty } : {}) });
+    const backend = this.deps.backend as Backend & Processes;
+    try {
+      const running = await this.execSlots.run(() =>
+        backend.startProcess(this.id, {
+          cmd,
+          ...(b.cwd !== undefined ? { cwd: b.cwd } : {}),
+          ...(b.env !== undefined ? { env: b.env } : {}),
+          ...(b.timeoutMs !== undefined ? { timeoutMs: b.timeoutMs } : {}),
+          ...(b.maxOutputBytes !== undefined ? { maxOutputBytes: b.maxOutputBytes } : {}),
+          ...(b.pty ? { pty: b.pty } : {}),
+          onOutput: (which, d) => entry.output(which, d),
+          signal: entry.abort.signal,
+        }),
+      );
+      entry.running = running;
+      entry.info = { ...entry.info, cmd: running.cmd, ...(running.pid !== undefined ? { pid: running.pid } : {}) };
+      void running.done.then(
+        (o) => entry.ended(o),
+        (e: Error) => entry.ended(e),
+      ).finally(() => this.processes.prune());
+    } catch (e) {
+      this.processes.remove(entry.info.id);
+      throw e;
+    }
+    this.log.info({ process: entry.info.id, pid: entry.info.pid, pty: b.pty !== undefined }, 'process started');
+    return entry.snapshot();
+  }
+
+  /** @internal process.output: what is held, then (follow) every chunk as it comes, to the request's inbox. */
+  readProcess(req: Request): typeof STREAMED {
+    const b = validateSandboxRequest('process.output', req.body);
+    const reply = req.msg.reply;
+    if (!reply) throw new ProtocolError('INVALID_REQUEST', 'process.output needs a reply subject');
+    const entry = this.processes.get(b.id);
+    const nc = this.deps.nc;
+    entry.read({ out: b.out, err: b.err, follow: b.follow, ...(b.readerId !== undefined ? { readerId: b.readerId } : {}) }, (ev: ProcessEvent) => {
+      try {
+        nc.publish(reply, encode(ev));
+      } catch (err) {
+        // A reader who lost some asks again from the offsets it has.
+        this.log.debug({ err, process: b.id }, 'process output not sent');
+      }
+    });
+    return STREAMED;
+  }
+
   private journal(): StepJournal {
     if (!this.deps.journal) throw new ProtocolError('UNAVAILABLE', `node ${this.deps.nodeId} keeps no command log: rollout steps cannot run here`);
     return this.deps.journal;
@@ -591,6 +654,43 @@ const HANDLERS: Record<SandboxVerb, (h: SandboxHost, req: Request) => Promise<un
   },
   snapshot: (h) => h.snapshots.snapshot(h),
   fork: (h, req) => h.snapshots.fork(h, validateSandboxRequest('fork', req.body)),
+  'process.start': (h, req) => h.startProcess(req),
+  'process.list': async (h) => ({ processes: h.processes.list() }),
+  'process.get': async (h, req) => h.processes.get(validateSandboxRequest('process.get', req.body).id).snapshot(),
+  'process.wait': async (h, req) => {
+    const b = validateSandboxRequest('process.wait', req.body);
+    const p = h.processes.get(b.id);
+    await p.wait(b.waitMs);
+    return p.snapshot();
+  },
+  'process.kill': async (h, req) => {
+    const b = validateSandboxRequest('process.kill', req.body);
+    if (!(b.signal in osConstants.signals)) throw new ProtocolError('INVALID_REQUEST', `unknown signal ${b.signal}`, { detail: { field: 'signal' } });
+    const p = h.processes.get(b.id);
+    await p.kill(b.signal);
+    return p.snapshot();
+  },
+  'process.input': async (h, req) => {
+    const b = validateSandboxRequest('process.input', req.body);
+    const p = h.processes.get(b.id);
+    if (!p.running) throw new ProtocolError('INVALID_STATE', `process ${b.id} has exited`, { detail: { id: b.id } });
+    if (b.data && b.data.length > 0) await p.running.write(b.data);
+    if (b.eof) p.running.closeStdin();
+    return {};
+  },
+  'process.resize': async (h, req) => {
+    const b = validateSandboxRequest('process.resize', req.body);
+    const p = h.processes.get(b.id);
+    if (!p.info.pty) throw new ProtocolError('INVALID_REQUEST', `process ${b.id} has no terminal to resize`, { detail: { id: b.id } });
+    p.running?.resize(b.cols, b.rows);
+    p.info = { ...p.info, pty: { cols: b.cols, rows: b.rows } };
+    return {};
+  },
+  'process.output': async (h, req) => h.readProcess(req),
+  'process.output.cancel': async (h, req) => {
+    const b = validateSandboxRequest('process.output.cancel', req.body);
+    return { cancelled: h.processes.get(b.id).unfollow(b.readerId) };
+  },
 };
 
 function hasCapability(b: Backend, cap: Capability): boolean {
@@ -603,6 +703,8 @@ function hasCapability(b: Backend, cap: Capability): boolean {
       return canSnapshot(b);
     case 'display':
       return hasDisplay(b);
+    case 'processes':
+      return hasProcesses(b);
   }
 }
 /** States a lifecycle step ends in (the transient ones are on the way). */

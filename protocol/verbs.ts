@@ -8,7 +8,7 @@
 import type { SandboxState } from './messages.ts';
 
 /** What only some backends do; a verb that needs one is refused on a backend without it. */
-export const Capabilities = ['network', 'stats', 'snapshot', 'display'] as const;
+export const Capabilities = ['network', 'stats', 'snapshot', 'display', 'processes'] as const;
 export type Capability = (typeof Capabilities)[number];
 
 export interface VerbRow {
@@ -46,6 +46,17 @@ export const SandboxVerbTable = {
   'display.screenshot': { states: RUNNING, wakes: true, capability: 'display', request: 'Empty', reply: 'Screenshot' },
   'display.view': { states: LIVE, wakes: false, capability: 'display', request: 'DisplayViewRequest', reply: 'DisplayViewReply' },
   'display.action': { states: RUNNING, wakes: true, capability: 'display', request: 'ComputerAction', reply: 'ComputerReply' },
+  // Background processes and terminals. Reading what they wrote and listing them needs no CPU of
+  // the sandbox, so a sleeping one is not woken for it; signalling and typing are.
+  'process.start': { states: RUNNING, wakes: true, capability: 'processes', request: 'ProcessStartRequest', reply: 'ProcessInfo' },
+  'process.list': { states: LIVE, wakes: false, capability: 'processes', request: 'Empty', reply: 'ProcessListReply' },
+  'process.get': { states: LIVE, wakes: false, capability: 'processes', request: 'ProcessGetRequest', reply: 'ProcessInfo' },
+  'process.wait': { states: LIVE, wakes: false, capability: 'processes', request: 'ProcessWaitRequest', reply: 'ProcessInfo' },
+  'process.kill': { states: RUNNING, wakes: true, capability: 'processes', request: 'ProcessKillRequest', reply: 'ProcessInfo' },
+  'process.input': { states: RUNNING, wakes: true, capability: 'processes', request: 'ProcessInputRequest', reply: 'Empty' },
+  'process.resize': { states: RUNNING, wakes: true, capability: 'processes', request: 'ProcessResizeRequest', reply: 'Empty' },
+  'process.output': { states: LIVE, wakes: false, capability: 'processes', request: 'ProcessOutputRequest', reply: 'ProcessEvent' },
+  'process.output.cancel': { states: [...LIVE, 'stopping'], wakes: false, capability: 'processes', request: 'ProcessOutputCancelRequest', reply: 'ProcessOutputCancelReply' },
   snapshot: { states: RUNNING, wakes: true, capability: 'snapshot', request: 'Empty', reply: 'SnapshotInfo' },
   fork: { states: RUNNING, wakes: true, capability: 'snapshot', request: 'ForkRequest', reply: 'ForkReply' },
 } as const satisfies Record<string, VerbRow>;
