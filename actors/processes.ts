@@ -69,8 +69,8 @@ export class TrackedProcess {
   readonly err: Ring;
   info: ProcessInfo;
   running?: RunningProcess;
-  /** The caller sent a signal: a death by signal is then its doing (verdict KILLED). */
-  private signalled = false;
+  /** The last signal the caller sent: a death by signal is then its doing (verdict KILLED). */
+  private sent?: string;
   private readonly readers = new Map<string, Reader>();
   private readonly waiters: Array<() => void> = [];
   readonly abort = new AbortController();
@@ -100,7 +100,7 @@ export class TrackedProcess {
       o instanceof Error
         ? { exitCode: 127, durationMs: Date.now() - this.info.startedAt, truncated: false, timedOut: false, verdict: 'OK' as const }
         : { exitCode: o.exitCode, ...(o.signal ? { signal: o.signal } : {}), durationMs: o.durationMs, truncated: o.truncated, timedOut: o.timedOut, verdict: o.verdict ?? (o.timedOut ? 'TIMEOUT' : o.truncated ? 'OUTPUT_LIMIT' : 'OK') };
-    if (this.signalled && exit.signal && (exit.verdict === 'OK' || exit.verdict === 'CANCELLED')) exit.verdict = 'KILLED';
+    if (this.sent !== undefined && exit.signal !== undefined && (exit.verdict === 'OK' || exit.verdict === 'CANCELLED')) exit.verdict = 'KILLED';
     this.info = { ...this.info, ...exit, state: 'exited', endedAt: Date.now() };
     this.running = undefined;
     for (const r of this.readers.values()) {
@@ -157,7 +157,7 @@ export class TrackedProcess {
 
   async kill(signal: string): Promise<void> {
     if (!this.running) return;
-    this.signalled = true;
+    this.sent = signal;
     await this.running.kill(signal);
   }
 }

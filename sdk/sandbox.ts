@@ -28,6 +28,7 @@ import {
 } from '../protocol/index.ts';
 import { Attr, traceHeaders } from '../protocol/trace.ts';
 import { CancelledError, errorFromWire, NotFoundError, TimeoutError, UnavailableError } from './errors.ts';
+import { SandboxProcesses, SandboxPty } from './processes.ts';
 import { type CallOptions, checkTimeout, clientAttrs, sdkTracer, spanFailed, type Transport } from './transport.ts';
 
 export interface ExecOptions extends CallOptions {
@@ -126,6 +127,10 @@ export class Sandbox {
   readonly network: SandboxNetwork;
   /** The screen, pointer and keyboard of a full VM (`backend: 'fullvm'`). */
   readonly display: SandboxDisplay;
+  /** Background processes: start one, list them, read their output now or later. */
+  readonly processes: SandboxProcesses;
+  /** Terminals (pseudo-terminals running a shell). */
+  readonly pty: SandboxPty;
 
   constructor(
     private readonly t: Transport,
@@ -136,6 +141,13 @@ export class Sandbox {
     this.files = new SandboxFiles(this);
     this.network = new SandboxNetwork(this);
     this.display = new SandboxDisplay(this);
+    this.processes = new SandboxProcesses(this);
+    this.pty = new SandboxPty(this);
+  }
+
+  /** @internal */
+  get transport(): Transport {
+    return this.t;
   }
 
   get id(): string {
