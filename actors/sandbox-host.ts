@@ -489,7 +489,11 @@ export class SandboxHost {
     const execId = r.execId ?? `x${Math.random().toString(36).slice(2)}`;
     if (this.execs.has(execId)) throw new ProtocolError('INVALID_REQUEST', `execId ${execId} is already running`);
     const base = { cmd: r.cmd, cwd: r.cwd, env: r.env, stdin: r.stdin, timeoutMs: r.timeoutMs, maxOutputBytes: r.maxOutputBytes, signal: ctl.signal };
+    const step = validateStep(r);
     if (r.stream) {
+      if (step && 2 * r.maxOutputBytes + REPLY_OVERHEAD > this.deps.maxPayload) {
+        throw new ProtocolError('INVALID_REQUEST', `a rollout step is recorded whole, and maxOutputBytes ${r.maxOutputBytes} cannot fit one record (max payload ${this.deps.maxPayload}): lower it`, { detail: { field: 'maxOutputBytes' } });
+      }
       const reply = req.msg.reply;
       if (!reply) throw new ProtocolError('INVALID_REQUEST', 'a streamed exec needs a reply subject');
       if (this.streams.has(execId)) throw new ProtocolError('INVALID_REQUEST', `execId ${execId} was used by a stream of the last ${STREAM_KEEP_MS / 1000} s`);
@@ -510,15 +514,27 @@ export class SandboxHost {
       const span = startStreamSpan(this, req, execId);
       // The request returns at once; the stream is activity until its exit, so the idle timer waits.
       this.actor.send({ type: 'ACTIVITY_START' });
-      void this.startExec({ ...base, discard: true, onOutput: (s, d) => stream.emit({ t: s, d }) })
+      const onOutput = (s: 'out' | 'err', d: Buffer) => stream.emit({ t: s, d });
+      // A rollout step streams as it runs and is recorded whole when it ends (its output kept for
+      // the record, so it must fit one, as a non-streamed step's reply must); a step recorded
+      // before streams its recorded output, marked replayed, and runs nothing.
+      const ran: Promise<ExecResult> =
+        step !== undefined
+          ? this.journal().exec({ ...step, sandbox: this.id }, r, async () => toResult(await this.startExec({ ...base, onOutput })))
+          : this.startExec({ ...base, discard: true, onOutput }).then(toResult);
+      void ran
         .then((o) => {
-          const verdict = verdictOf(o);
-          endExecSpan(span, verdict, o.exitCode);
-          stream.emit({ t: 'exit', exitCode: o.exitCode, ...(o.signal ? { signal: o.signal } : {}), durationMs: o.durationMs, truncated: o.truncated, timedOut: o.timedOut, verdict });
+          if (o.replayed) {
+            if (o.stdout.length > 0) stream.emit({ t: 'out', d: o.stdout });
+            if (o.stderr.length > 0) stream.emit({ t: 'err', d: o.stderr });
+          }
+          endExecSpan(span, o.verdict, o.exitCode);
+          stream.emit({ t: 'exit', exitCode: o.exitCode, ...(o.signal ? { signal: o.signal } : {}), durationMs: o.durationMs, truncated: o.truncated, timedOut: o.timedOut, verdict: o.verdict, ...(o.replayed ? { replayed: true } : {}) });
         })
         .catch((err: unknown) => {
-          failSpan(span, 'BACKEND_FAILED', (err as Error).message);
-          stream.emit({ t: 'error', error: { code: 'BACKEND_FAILED', message: (err as Error).message, retryable: true } });
+          const wire = err instanceof ProtocolError ? err.toWire() : { code: 'BACKEND_FAILED' as const, message: (err as Error).message, retryable: true };
+          failSpan(span, wire.code, wire.message);
+          stream.emit({ t: 'error', error: wire });
         })
         .finally(() => {
           span.end();

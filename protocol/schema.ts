@@ -274,7 +274,7 @@ export const ExecEvent = Type.Union(
   [
     Type.Object({ t: Type.Literal('out'), d: Bytes('a chunk of stdout'), s: Seq }),
     Type.Object({ t: Type.Literal('err'), d: Bytes('a chunk of stderr'), s: Seq }),
-    Type.Object({ t: Type.Literal('exit'), ...ExitFields, s: Seq }),
+    Type.Object({ t: Type.Literal('exit'), ...ExitFields, replayed: Type.Optional(Type.Boolean({ description: 'a rollout step recorded before: the output events were its recorded output, and nothing ran now' })), s: Seq }),
     Type.Object({ t: Type.Literal('error'), error: WireErrorSchema, s: Seq }),
     Type.Object({
       t: Type.Literal('gap'),

@@ -66,7 +66,8 @@ export type ExecStreamEvent =
   | { type: 'stdout' | 'stderr'; data: Uint8Array; text: string }
   /** Output lost for good: the stream resumed after an outage longer than the node keeps output for. */
   | { type: 'gap'; events: number; bytes: number }
-  | { type: 'exit'; exitCode: number; signal?: string; durationMs: number; truncated: boolean; timedOut: boolean; verdict: ExecVerdict };
+  /** `replayed`: a rollout step recorded before; the output events were its recorded output and nothing ran now. */
+  | { type: 'exit'; exitCode: number; signal?: string; durationMs: number; truncated: boolean; timedOut: boolean; verdict: ExecVerdict; replayed?: boolean };
 
 export interface ForkOptions extends CallOptions {
   /** Labels of the copies (default: this sandbox's). */
