@@ -269,7 +269,7 @@ export const Operations: Operation[] = [
     errors: [...sbErrors],
     limits: `input ≤ ${mib(Limits.processes.inputMax)} a message; ${Limits.processes.exitedKept} exited processes stay listed`,
     timeout: '30 s (process.wait: waitMs + 10 s)',
-    retry: 'get, list, wait, resize: safe; kill: safe; input: not idempotent',
+    retry: 'get, list, wait, resize: safe to repeat (the client does after a reconnect); kill: SIGKILL is, another signal is sent again; input: not idempotent',
   },
   {
     subject: 'pdk.v1.sb.<id>.process.output',
@@ -280,7 +280,7 @@ export const Operations: Operation[] = [
     errors: [...sbErrors],
     limits: `${Limits.processes.readersMax} following readers per process (the oldest is ended with an error past it)`,
     timeout: 'until exit; leave early with process.output.cancel',
-    retry: 'safe: ask again from the offsets received',
+    retry: 'a new read from the offsets received is safe (the SDK does after a reconnect or a lost message)',
   },
   {
     subject: 'pdk.v1.sb.<id>.kill',
