@@ -119,14 +119,24 @@ test('a sandbox runs at most 64 processes at once: the next is PIDS_LIMIT', asyn
   t.is((await next.wait()).exitCode, 0);
 });
 
-test('processes end with their sandbox, verdict KILLED, and survive a pause', async (t) => {
+test('processes survive a pause and a hibernation, and end with their sandbox, verdict KILLED', async (t) => {
   const sb = await t.context.pdk.sandboxes.create({});
   const p = await sb.processes.start(['sh', '-c', 'i=0; while :; do i=$((i+1)); echo $i; sleep 0.05; done']);
-  await sb.pause();
-  await sb.resume();
-  t.is((await p.refresh()).state, 'running');
-  const before = (await p.refresh()).bytesOut;
-  t.truthy(await eventually(async () => (await p.refresh()).bytesOut > before));
+  t.truthy(await eventually(async () => (await p.refresh()).bytesOut > 0));
+  for (const [sleep, wake] of [
+    [() => sb.pause(), () => sb.resume()],
+    [() => sb.hibernate(), () => sb.restore()],
+  ] as const) {
+    await sleep();
+    // Listing and reading do not wake it.
+    t.is((await p.refresh()).state, 'running');
+    t.true((await p.text()).stdout.startsWith('1\n'));
+    t.not(sb.info.state, 'running');
+    t.not((await sb.refresh()).state, 'running');
+    await wake();
+    const before = (await p.refresh()).bytesOut;
+    t.truthy(await eventually(async () => (await p.refresh()).bytesOut > before));
+  }
   const events: ProcessOutputEvent[] = [];
   const reading = (async () => {
     for await (const ev of p.output({ from: 0 })) events.push(ev);

@@ -75,6 +75,12 @@ async function terminal(sb: Sandbox, cmd: string[], opts: { cwd?: string; env?: 
     const s = size();
     pty.resize(s.cols, s.rows).catch(() => {});
   };
+  // A hung-up or terminated client hangs up the shell too, as ssh does; the loop below then ends
+  // with it and the terminal is restored.
+  const onHangup = () => {
+    pty.kill('SIGHUP').catch(() => {});
+  };
+  process.on('SIGHUP', onHangup).on('SIGTERM', onHangup);
   const stdin = process.stdin;
   stdin.setRawMode(true);
   stdin.on('data', onData);
@@ -88,6 +94,7 @@ async function terminal(sb: Sandbox, cmd: string[], opts: { cwd?: string; env?: 
     return (await pty.wait()).exitCode;
   } finally {
     process.stdout.off('resize', onResize);
+    process.off('SIGHUP', onHangup).off('SIGTERM', onHangup);
     stdin.off('data', onData);
     stdin.setRawMode(false);
     stdin.pause();
