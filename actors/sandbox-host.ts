@@ -566,9 +566,7 @@ export class SandboxHost {
   /** @internal process.start: the entry first, so that no output is missed, then the process through an exec start slot. */
   async startProcess(req: Request): Promise<ProcessInfo> {
     const b = validateSandboxRequest('process.start', req.body);
-    if (!b.pty && (b.cmd === undefined || b.cmd.length === 0)) throw new ProtocolError('INVALID_REQUEST', 'process.start needs `cmd` (only a terminal, `pty`, has a default: the shell)', { detail: { field: 'cmd' } });
     const cmd = b.cmd ?? [];
-    if (cmd.reduce((n, a) => n + Buffer.byteLength(a), 0) > Limits.exec.argBytesMax) throw new ProtocolError('PAYLOAD_TOO_LARGE', `cmd is over ${Limits.exec.argBytesMax} bytes`, { detail: { field: 'cmd' } });
     const entry = this.processes.add(cmd, b.bufferBytes ?? this.deps.processBufferBytes ?? Limits.processes.bufferBytes.default, { ...(b.tag !== undefined ? { tag: b.tag } : {}), ...(b.pty ? { pty: b.pty } : {}) });
     const backend = this.deps.backend as Backend & Processes;
     try {

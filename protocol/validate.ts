@@ -364,6 +364,13 @@ export function validateSandboxRequest<V extends Exclude<SandboxVerb, 'exec'>>(v
   const r = check(SandboxRequests[verb], body, 'INVALID_REQUEST', verb) as Record<string, unknown>;
   if (verb === 'files.write') validateStep(r);
   if (verb === 'network.set') r.policy = validateNetworkPolicy(r.policy ?? {}, 'INVALID_REQUEST', 'policy');
+  if (verb === 'process.start') {
+    const cmd = (r.cmd as string[] | undefined) ?? [];
+    if (cmd.length === 0 && r.pty === undefined) badRequest('cmd', 'a process needs a command (only a terminal, `pty`, has a default: the shell)');
+    if (cmd[0] === '') badRequest('cmd', 'the program name is empty');
+    if (cmd.reduce((n, a) => n + a.length, 0) > Limits.exec.argBytesMax) badRequest('cmd', `arguments larger than ${Limits.exec.argBytesMax} bytes`);
+    envBytes('env', r.env as Record<string, string> | undefined, 'INVALID_REQUEST');
+  }
   return r as Static<(typeof SandboxRequests)[V]>;
 }
 

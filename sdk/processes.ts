@@ -128,6 +128,8 @@ export class ProcessHandle {
     const subject = subjects.sandbox(this.sb.id, 'process.output');
     const ask = async () => {
       sub?.unsubscribe();
+      // The node's reader of the last ask would go on sending to an inbox no one reads.
+      if (readerId && follow) nc.publish(subjects.sandbox(this.sb.id, 'process.output.cancel'), encode({ id: this.id, readerId }));
       readerId = `r${Math.random().toString(36).slice(2, 14)}`;
       const inbox = createInbox();
       sub = nc.subscribe(inbox, { callback: (_e, m) => push(m) });

@@ -152,6 +152,8 @@ test('bad input gets stable codes', async (t) => {
   const sb = await t.context.pdk.sandboxes.create({});
   t.teardown(() => sb.kill());
   t.is((await t.throwsAsync(sb.processes.start([]), { instanceOf: InvalidRequestError }))?.code, 'INVALID_REQUEST');
+  t.is((await t.throwsAsync(sb.processes.start(['']), { instanceOf: InvalidRequestError }))?.detail?.field, 'cmd');
+  t.is((await t.throwsAsync(sb.processes.start(['true'], { bufferBytes: 1 }), { instanceOf: InvalidRequestError }))?.detail?.field, 'bufferBytes');
   t.is((await t.throwsAsync(sb.processes.get('p999'), { instanceOf: NotFoundError }))?.code, 'NOT_FOUND');
   t.is((await t.throwsAsync(sb.processes.get('no.such'), { instanceOf: InvalidRequestError }))?.code, 'INVALID_REQUEST');
   const p = await sb.processes.start(['cat']);
