@@ -94,8 +94,11 @@ export class ProcessHandle {
   /** Bytes for its stdin (a string as UTF-8). BUSY when it has not read the last MiB yet. */
   async write(data: string | Uint8Array, opts?: CallOptions): Promise<void> {
     const bytes = typeof data === 'string' ? new TextEncoder().encode(data) : data;
-    for (let at = 0; at < bytes.length; at += Limits.processes.inputMax) {
-      await this.sb.call('process.input', { id: this.id, data: bytes.subarray(at, at + Limits.processes.inputMax) }, opts);
+    // One message each, under what the server takes (a NATS of its own default takes 1 MiB in all).
+    const max = this.sb.transport.nc.info?.max_payload ?? Limits.processes.inputMax;
+    const chunk = Math.max(4096, Math.min(Limits.processes.inputMax, max - 64 * 1024));
+    for (let at = 0; at < bytes.length; at += chunk) {
+      await this.sb.call('process.input', { id: this.id, data: bytes.subarray(at, at + chunk) }, opts);
     }
   }
 

@@ -1,5 +1,5 @@
 /** Background processes and terminals, against a real node, real NATS and real containers. */
-import { connect, InvalidRequestError, InvalidStateError, LimitError, NotFoundError } from '../sdk/index.ts';
+import { BusyError, connect, InvalidRequestError, InvalidStateError, LimitError, NotFoundError } from '../sdk/index.ts';
 import type { ProcessOutputEvent } from '../sdk/index.ts';
 import { clusterTest } from './helpers/cluster.ts';
 import { eventually } from './helpers/wait.ts';
@@ -165,6 +165,18 @@ test('bad input gets stable codes', async (t) => {
   await p.closeStdin();
   t.is((await p.wait()).exitCode, 0);
   t.is((await t.throwsAsync(p.write('late'), { instanceOf: InvalidStateError }))?.code, 'INVALID_STATE');
+});
+
+test('input a process does not read is held up to about 1 MiB on the node, then refused with BUSY', async (t) => {
+  const sb = await t.context.pdk.sandboxes.create({});
+  t.teardown(() => sb.kill());
+  const p = await sb.processes.start(['sleep', '1000']);
+  const mib = new Uint8Array(1024 * 1024);
+  let busy: unknown;
+  for (let i = 0; i < 4 && busy === undefined; i++) busy = await p.write(mib).then(() => undefined, (e: unknown) => e);
+  t.true(busy instanceof BusyError, String(busy));
+  t.is((busy as BusyError).code, 'BUSY');
+  t.true((busy as BusyError).retryable);
 });
 
 /** Until what a terminal printed matches `re`. */
