@@ -179,6 +179,20 @@ test('input a process does not read is held up to about 1 MiB on the node, then 
   t.true((busy as BusyError).retryable);
 });
 
+test('a terminal takes a large paste while it prints a lot (neither direction waits on the other)', async (t) => {
+  const sb = await t.context.pdk.sandboxes.create({});
+  t.teardown(() => sb.kill());
+  const pty = await sb.pty.create({ cmd: ['sh', '-c', 'stty -echo; yes | head -c 300000; head -c 200000 >/dev/null; echo pasted-ok'] });
+  let tail = '';
+  const reading = (async () => {
+    for await (const chunk of pty) tail = (tail + Buffer.from(chunk).toString()).slice(-64);
+  })();
+  await pty.write(`${'x'.repeat(999)}\n`.repeat(200));
+  t.is((await pty.wait()).exitCode, 0);
+  await reading;
+  t.regex(tail, /pasted-ok/);
+});
+
 /** Until what a terminal printed matches `re`. */
 function until(seen: { text: string }, re: RegExp): Promise<RegExpMatchArray | null> {
   return eventually(async () => re.exec(seen.text), 30_000);

@@ -126,12 +126,19 @@ static int pty_main(int argc, char **argv) {
   sigaction(SIGCHLD, &wake, NULL);
   signal(SIGPIPE, SIG_IGN);
 
-  static char in[65536 + 5], out[65536];
-  size_t have = 0;
+  /*
+   * The master is non-blocking and typed input waits in `pend` until the terminal takes it: a
+   * relay that blocked writing a large paste while the shell blocked writing its output would
+   * never read that output, and both would wait forever. While input is pending no more is read
+   * from stdin, so a shell that does not read holds up the FIFO, and then the node's queue (BUSY).
+   */
+  fcntl(master, F_SETFL, fcntl(master, F_GETFL) | O_NONBLOCK);
+  static char in[65536 + 5], out[65536], pend[65536 + 5];
+  size_t have = 0, plen = 0, poff = 0;
   int in_open = 1, status = 0, reaped = 0;
   for (;;) {
     if (!reaped && waitpid(child, &status, WNOHANG) == child) reaped = 1;
-    struct pollfd p[2] = {{master, POLLIN, 0}, {in_open ? 0 : -1, POLLIN, 0}};
+    struct pollfd p[2] = {{master, (short)(POLLIN | (plen > poff ? POLLOUT : 0)), 0}, {in_open && plen == poff ? 0 : -1, POLLIN, 0}};
     /* Once the shell has ended, whatever its terminal still holds is read without waiting. */
     int n = poll(p, 2, reaped ? 0 : 1000);
     if (n < 0 && errno != EINTR) break;
@@ -143,14 +150,20 @@ static int pty_main(int argc, char **argv) {
       ssize_t r = read(master, out, sizeof out);
       if (r > 0) {
         if (write_all(1, out, (size_t)r) < 0) break;
-      } else if (r < 0 && errno == EINTR) {
-        continue;
+      } else if (r < 0 && (errno == EINTR || errno == EAGAIN)) {
+        /* nothing yet */
       } else {
         /* EIO: every process holding the terminal's slave has closed it. */
         if (!reaped) waitpid(child, &status, 0);
         reaped = 1;
         break;
       }
+    }
+    if ((p[0].revents & POLLOUT) && plen > poff) {
+      ssize_t w = write(master, pend + poff, plen - poff);
+      if (w > 0) poff += (size_t)w;
+      else if (w < 0 && errno != EINTR && errno != EAGAIN) poff = plen;
+      if (poff == plen) plen = poff = 0;
     }
     if (p[1].revents & (POLLIN | POLLHUP | POLLERR)) {
       ssize_t r = read(0, in + have, sizeof in - have);
@@ -170,8 +183,10 @@ static int pty_main(int argc, char **argv) {
           break;
         }
         if (have < 5 + len) break;
-        if (in[0] == 'd') {
-          if (write_all(master, in + 5, len) < 0) in_open = 0;
+        if (in[0] == 'd' && plen + len <= sizeof pend) {
+          /* Frames already read go on the pending input together: at most one read's worth. */
+          memcpy(pend + plen, in + 5, len);
+          plen += len;
         } else if (in[0] == 'r' && len == 4) {
           uint16_t cr[2];
           memcpy(cr, in + 5, 4);
