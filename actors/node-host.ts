@@ -84,7 +84,7 @@ export interface NodeHostDeps {
   images: NodeImages;
   journal?: StepJournal;
   fn?: FnHost;
-  cfg: Pick<NodeConfig, 'nodeId' | 'home' | 'placement' | 'heartbeatMs' | 'pressure' | 'createConcurrency' | 'maxOutputBytes'> & { streamBufferBytes?: number };
+  cfg: Pick<NodeConfig, 'nodeId' | 'home' | 'placement' | 'heartbeatMs' | 'pressure' | 'createConcurrency' | 'maxOutputBytes'> & { streamBufferBytes?: number; processBufferBytes?: number };
   log: Logger;
   clock?: NodeClock;
   /** The memory gauge (default: /proc/meminfo and PSI). */
@@ -322,6 +322,7 @@ export class NodeHost {
         log: this.log,
         maxOutputBytes: this.deps.cfg.maxOutputBytes,
         ...(this.deps.cfg.streamBufferBytes !== undefined ? { streamBufferBytes: this.deps.cfg.streamBufferBytes } : {}),
+        ...(this.deps.cfg.processBufferBytes !== undefined ? { processBufferBytes: this.deps.cfg.processBufferBytes } : {}),
         maxPayload: this.deps.nc.info?.max_payload ?? 1024 * 1024,
         journal: this.deps.journal,
         ...(this.deps.inspect ? { inspect: this.deps.inspect } : {}),

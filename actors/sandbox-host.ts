@@ -2,7 +2,7 @@
  * Binds one sandbox actor to NATS: it subscribes to `pdk.v1.sb.<id>.>`, turns verbs into events
  * or backend calls, and publishes every transition as an event and a directory record.
  */
-import { cpus } from 'node:os';
+import { constants as osConstants, cpus } from 'node:os';
 import type { KV } from '@nats-io/kv';
 import type { NatsConnection, Subscription } from '@nats-io/transport-node';
 import { context, type Span, SpanKind, SpanStatusCode, trace } from '@opentelemetry/api';
@@ -18,6 +18,9 @@ import {
   type ForkReply,
   type ForkRequest,
   encode,
+  Limits,
+  type ProcessEvent,
+  type ProcessInfo,
   isSandboxVerb,
   ProtocolError,
   parseSandboxSubject,
@@ -35,13 +38,14 @@ import {
   validateStep,
 } from '../protocol/index.ts';
 import type { StepJournal } from '../chronus/journal.ts';
-import { type Backend, canForwardPorts, canSnapshot, type Display, EXEC_KILLED, type ExecOptions, type ExecOutcome, hasDisplay } from '../runtime/backend.ts';
+import { type Backend, canForwardPorts, canSnapshot, type Display, EXEC_KILLED, type ExecOptions, type ExecOutcome, hasDisplay, hasProcesses, type Processes } from '../runtime/backend.ts';
 import { Semaphore } from '../runtime/limit.ts';
 import { Attr } from '../protocol/trace.ts';
 import { type Request, STREAMED, serve, tracer } from './bind.ts';
 import { ExecStream, STREAM_KEEP_MS } from './exec-stream.ts';
 import { PortSessions } from './port-sessions.ts';
 import type { Inspector } from './inspect.ts';
+import { ProcessTable } from './processes.ts';
 import { allows, isAsleep, isFinal, publicState, type SandboxContext, type SandboxEvent, sandboxMachine } from './sandbox.ts';
 
 export interface SandboxHostDeps {
@@ -51,6 +55,8 @@ export interface SandboxHostDeps {
   nodeId: string;
   log: Logger;
   maxOutputBytes: number;
+  /** Output each background process keeps per stream (default Limits.processes.bufferBytes.default); a request may ask for another size. */
+  processBufferBytes?: number;
   /** Output each streamed exec keeps for exec.resume (default STREAM_BUFFER_BYTES). */
   streamBufferBytes?: number;
   /** Largest message the connection may publish; bounds a non-streamed exec's reply. */
@@ -110,6 +116,7 @@ export class SandboxHost {
         // The reason tells the exec's verdict (KILLED) from a caller's cancel (CANCELLED).
         for (const c of h.execs.values()) c.abort(EXEC_KILLED);
         h.portSessions?.closeAll();
+        h.processes.killAll();
         await h.deps.backend.destroy(h.id);
       }),
       pause: SandboxHost.verb((b, id) => b.pause(id)),
@@ -144,6 +151,8 @@ export class SandboxHost {
   private readonly execs = new Map<string, AbortController>();
   /** Connections to its ports (ports.* verbs), made on first use. */
   private portSessions?: PortSessions;
+  /** @internal background processes and terminals (process.* verbs). */
+  readonly processes: ProcessTable;
   /** Streamed execs, running and recently ended (STREAM_KEEP_MS), by execId. */
   private readonly streams = new Map<string, ExecStream>();
   /**
@@ -175,6 +184,7 @@ export class SandboxHost {
     readonly spec: SandboxSpec,
   ) {
     const now = Date.now();
+    this.processes = new ProcessTable(id);
     this.info = {
       id,
       node: deps.nodeId,
@@ -491,7 +501,11 @@ export class SandboxHost {
     const execId = r.execId ?? `x${Math.random().toString(36).slice(2)}`;
     if (this.execs.has(execId)) throw new ProtocolError('INVALID_REQUEST', `execId ${execId} is already running`);
     const base = { cmd: r.cmd, cwd: r.cwd, env: r.env, stdin: r.stdin, timeoutMs: r.timeoutMs, maxOutputBytes: r.maxOutputBytes, signal: ctl.signal };
+    const step = validateStep(r);
     if (r.stream) {
+      if (step && 2 * r.maxOutputBytes + REPLY_OVERHEAD > this.deps.maxPayload) {
+        throw new ProtocolError('INVALID_REQUEST', `a rollout step is recorded whole, and maxOutputBytes ${r.maxOutputBytes} cannot fit one record (max payload ${this.deps.maxPayload}): lower it`, { detail: { field: 'maxOutputBytes' } });
+      }
       const reply = req.msg.reply;
       if (!reply) throw new ProtocolError('INVALID_REQUEST', 'a streamed exec needs a reply subject');
       if (this.streams.has(execId)) throw new ProtocolError('INVALID_REQUEST', `execId ${execId} was used by a stream of the last ${STREAM_KEEP_MS / 1000} s`);
@@ -512,15 +526,27 @@ export class SandboxHost {
       const span = startStreamSpan(this, req, execId);
       // The request returns at once; the stream is activity until its exit, so the idle timer waits.
       this.actor.send({ type: 'ACTIVITY_START' });
-      void this.startExec({ ...base, discard: true, onOutput: (s, d) => stream.emit({ t: s, d }) })
+      const onOutput = (s: 'out' | 'err', d: Buffer) => stream.emit({ t: s, d });
+      // A rollout step streams as it runs and is recorded whole when it ends (its output kept for
+      // the record, so it must fit one, as a non-streamed step's reply must); a step recorded
+      // before streams its recorded output, marked replayed, and runs nothing.
+      const ran: Promise<ExecResult> =
+        step !== undefined
+          ? this.journal().exec({ ...step, sandbox: this.id }, r, async () => toResult(await this.startExec({ ...base, onOutput })))
+          : this.startExec({ ...base, discard: true, onOutput }).then(toResult);
+      void ran
         .then((o) => {
-          const verdict = verdictOf(o);
-          endExecSpan(span, verdict, o.exitCode);
-          stream.emit({ t: 'exit', exitCode: o.exitCode, ...(o.signal ? { signal: o.signal } : {}), durationMs: o.durationMs, truncated: o.truncated, timedOut: o.timedOut, verdict });
+          if (o.replayed) {
+            if (o.stdout.length > 0) stream.emit({ t: 'out', d: o.stdout });
+            if (o.stderr.length > 0) stream.emit({ t: 'err', d: o.stderr });
+          }
+          endExecSpan(span, o.verdict, o.exitCode);
+          stream.emit({ t: 'exit', exitCode: o.exitCode, ...(o.signal ? { signal: o.signal } : {}), durationMs: o.durationMs, truncated: o.truncated, timedOut: o.timedOut, verdict: o.verdict, ...(o.replayed ? { replayed: true } : {}) });
         })
         .catch((err: unknown) => {
-          failSpan(span, 'BACKEND_FAILED', (err as Error).message);
-          stream.emit({ t: 'error', error: { code: 'BACKEND_FAILED', message: (err as Error).message, retryable: true } });
+          const wire = err instanceof ProtocolError ? err.toWire() : { code: 'BACKEND_FAILED' as const, message: (err as Error).message, retryable: true };
+          failSpan(span, wire.code, wire.message);
+          stream.emit({ t: 'error', error: wire });
         })
         .finally(() => {
           span.end();
@@ -547,6 +573,57 @@ export class SandboxHost {
     } finally {
       this.execs.delete(execId);
     }
+  }
+
+  /** @internal process.start: the entry first, so that no output is missed, then the process through an exec start slot. */
+  async startProcess(req: Request): Promise<ProcessInfo> {
+    const b = validateSandboxRequest('process.start', req.body);
+    const cmd = b.cmd ?? [];
+    const entry = this.processes.add(cmd, b.bufferBytes ?? this.deps.processBufferBytes ?? Limits.processes.bufferBytes.default, { ...(b.tag !== undefined ? { tag: b.tag } : {}), ...(b.pty ? { pty: b.pty } : {}) });
+    const backend = this.deps.backend as Backend & Processes;
+    try {
+      const running = await this.execSlots.run(() =>
+        backend.startProcess(this.id, {
+          cmd,
+          ...(b.cwd !== undefined ? { cwd: b.cwd } : {}),
+          ...(b.env !== undefined ? { env: b.env } : {}),
+          ...(b.timeoutMs !== undefined ? { timeoutMs: b.timeoutMs } : {}),
+          ...(b.maxOutputBytes !== undefined ? { maxOutputBytes: b.maxOutputBytes } : {}),
+          ...(b.pty ? { pty: b.pty } : {}),
+          onOutput: (which, d) => entry.output(which, d),
+          signal: entry.abort.signal,
+        }),
+      );
+      entry.running = running;
+      entry.info = { ...entry.info, cmd: running.cmd, ...(running.pid !== undefined ? { pid: running.pid } : {}) };
+      void running.done.then(
+        (o) => entry.ended(o),
+        (e: Error) => entry.ended(e),
+      ).finally(() => this.processes.prune());
+    } catch (e) {
+      this.processes.remove(entry.info.id);
+      throw e;
+    }
+    this.log.info({ process: entry.info.id, pid: entry.info.pid, pty: b.pty !== undefined }, 'process started');
+    return entry.snapshot();
+  }
+
+  /** @internal process.output: what is held, then (follow) every chunk as it comes, to the request's inbox. */
+  readProcess(req: Request): typeof STREAMED {
+    const b = validateSandboxRequest('process.output', req.body);
+    const reply = req.msg.reply;
+    if (!reply) throw new ProtocolError('INVALID_REQUEST', 'process.output needs a reply subject');
+    const entry = this.processes.get(b.id);
+    const nc = this.deps.nc;
+    entry.read({ out: b.out, err: b.err, follow: b.follow, ...(b.readerId !== undefined ? { readerId: b.readerId } : {}) }, (ev: ProcessEvent) => {
+      try {
+        nc.publish(reply, encode(ev));
+      } catch (err) {
+        // A reader who lost some asks again from the offsets it has.
+        this.log.debug({ err, process: b.id }, 'process output not sent');
+      }
+    });
+    return STREAMED;
   }
 
   private journal(): StepJournal {
@@ -613,6 +690,43 @@ const HANDLERS: Record<SandboxVerb, (h: SandboxHost, req: Request) => Promise<un
   },
   'ports.close': async (h, req) => h.ports.close(validateSandboxRequest('ports.close', req.body).connId),
   'ports.url': (h, req) => h.ports.url(validateSandboxRequest('ports.url', req.body).port),
+  'process.start': (h, req) => h.startProcess(req),
+  'process.list': async (h) => ({ processes: h.processes.list() }),
+  'process.get': async (h, req) => h.processes.get(validateSandboxRequest('process.get', req.body).id).snapshot(),
+  'process.wait': async (h, req) => {
+    const b = validateSandboxRequest('process.wait', req.body);
+    const p = h.processes.get(b.id);
+    await p.wait(b.waitMs);
+    return p.snapshot();
+  },
+  'process.kill': async (h, req) => {
+    const b = validateSandboxRequest('process.kill', req.body);
+    if (!(b.signal in osConstants.signals)) throw new ProtocolError('INVALID_REQUEST', `unknown signal ${b.signal}`, { detail: { field: 'signal' } });
+    const p = h.processes.get(b.id);
+    await p.kill(b.signal);
+    return p.snapshot();
+  },
+  'process.input': async (h, req) => {
+    const b = validateSandboxRequest('process.input', req.body);
+    const p = h.processes.get(b.id);
+    if (!p.running) throw new ProtocolError('INVALID_STATE', `process ${b.id} has exited`, { detail: { id: b.id } });
+    if (b.data && b.data.length > 0) await p.running.write(b.data);
+    if (b.eof) p.running.closeStdin();
+    return {};
+  },
+  'process.resize': async (h, req) => {
+    const b = validateSandboxRequest('process.resize', req.body);
+    const p = h.processes.get(b.id);
+    if (!p.info.pty) throw new ProtocolError('INVALID_REQUEST', `process ${b.id} has no terminal to resize`, { detail: { id: b.id } });
+    p.running?.resize(b.cols, b.rows);
+    p.info = { ...p.info, pty: { cols: b.cols, rows: b.rows } };
+    return {};
+  },
+  'process.output': async (h, req) => h.readProcess(req),
+  'process.output.cancel': async (h, req) => {
+    const b = validateSandboxRequest('process.output.cancel', req.body);
+    return { cancelled: h.processes.get(b.id).unfollow(b.readerId) };
+  },
 };
 
 function hasCapability(b: Backend, cap: Capability): boolean {
@@ -627,6 +741,8 @@ function hasCapability(b: Backend, cap: Capability): boolean {
       return hasDisplay(b);
     case 'ports':
       return canForwardPorts(b);
+    case 'processes':
+      return hasProcesses(b);
   }
 }
 /** States a lifecycle step ends in (the transient ones are on the way). */

@@ -20,7 +20,11 @@ export const ErrorCodes = {
   FORBIDDEN: { retryable: false, fault: 'user' },
   /** The sandbox's writable layer is full (files API write; also an exec verdict). */
   DISK_LIMIT: { retryable: false, fault: 'user' },
-  /** Exec verdicts: the sandbox's memory cgroup OOM-killed, its pids cgroup refused a fork, its output cap was hit. */
+  /**
+   * Exec verdicts: the sandbox's memory cgroup OOM-killed, its pids cgroup refused a fork, its output
+   * cap was hit. PIDS_LIMIT is also the refusal of a `process.start` past the sandbox's number of
+   * background processes (Limits.processes.liveMax).
+   */
   MEMORY_LIMIT: { retryable: false, fault: 'user' },
   PIDS_LIMIT: { retryable: false, fault: 'user' },
   OUTPUT_LIMIT: { retryable: false, fault: 'user' },

@@ -20,6 +20,20 @@ export const Limits = {
     maxOutputBytes: { min: 0, max: 64 * 1024 * 1024, default: 1024 * 1024 },
     stdinMax: 4 * 1024 * 1024,
   },
+  /**
+   * Background processes and terminals of one sandbox: how many may run at once, the output each
+   * keeps per stream for late readers, how many that have exited stay listed, what one input
+   * message may carry, and a terminal's size.
+   */
+  processes: {
+    liveMax: 64,
+    exitedKept: 64,
+    bufferBytes: { min: 4096, max: 16 * 1024 * 1024, default: 1024 * 1024 },
+    inputMax: 1024 * 1024,
+    readersMax: 16,
+    cols: { min: 1, max: 1000, default: 80 },
+    rows: { min: 1, max: 1000, default: 24 },
+  },
   files: { pathMax: 4096, chunkMax: 4 * 1024 * 1024 },
   /** Full VMs: screen sizes, how much one `type` may carry, how long `wait`/`hold_key` may last, actions queued per sandbox. */
   display: { widthMin: 320, widthMax: 3840, heightMin: 200, heightMax: 2160, width: 1024, height: 768, typeMax: 4096, keysMax: 16, scrollMax: 100, durationMaxSec: 30, queueMax: 64 },

@@ -42,7 +42,7 @@ export type EndReason = (typeof EndReasons)[number];
  * code then tells what the process saw). Counter-based verdicts (pids, memory) cover the whole
  * sandbox during the exec, so two concurrent execs may both see one limit hit. `CANCELLED`: the
  * caller cancelled it (exec.cancel, or a stream given up); `KILLED`: its sandbox was killed, or
- * ended, while it ran.
+ * ended, while it ran, or `process.kill` ended it.
  */
 export const ExecVerdicts = ['OK', 'TIMEOUT', 'OUTPUT_LIMIT', 'MEMORY_LIMIT', 'PIDS_LIMIT', 'DISK_LIMIT', 'CANCELLED', 'KILLED'] as const;
 export type ExecVerdict = (typeof ExecVerdicts)[number];
@@ -274,7 +274,7 @@ export const ExecEvent = Type.Union(
   [
     Type.Object({ t: Type.Literal('out'), d: Bytes('a chunk of stdout'), s: Seq }),
     Type.Object({ t: Type.Literal('err'), d: Bytes('a chunk of stderr'), s: Seq }),
-    Type.Object({ t: Type.Literal('exit'), ...ExitFields, s: Seq }),
+    Type.Object({ t: Type.Literal('exit'), ...ExitFields, replayed: Type.Optional(Type.Boolean({ description: 'a rollout step recorded before: the output events were its recorded output, and nothing ran now' })), s: Seq }),
     Type.Object({ t: Type.Literal('error'), error: WireErrorSchema, s: Seq }),
     Type.Object({
       t: Type.Literal('gap'),
@@ -309,6 +309,113 @@ export type ExecResumeReply = Static<typeof ExecResumeReply>;
 export const ExecCancelRequest = Type.Object({ execId: Token('the execId the streamed exec was started with') }, { $id: 'ExecCancelRequest' });
 export type ExecCancelRequest = Static<typeof ExecCancelRequest>;
 export const ExecCancelReply = Type.Object({ cancelled: Type.Boolean({ description: 'false: no exec of that id runs (it ended, or never was)' }) }, { $id: 'ExecCancelReply' });
+
+// ─── Processes (background commands and terminals) ──────────────────────────────────────────────
+
+const ProcessStates = ['running', 'exited'] as const;
+const Stream = literals(['out', 'err'] as const);
+const TermSize = {
+  cols: Type.Integer({ ...range(Limits.processes.cols), description: 'terminal width in characters' }),
+  rows: Type.Integer({ ...range(Limits.processes.rows), description: 'terminal height in lines' }),
+};
+
+export const ProcessStartRequest = Type.Object(
+  {
+    cmd: Type.Optional(
+      Type.Array(Type.String({ pattern: NO_NUL, errorMessage: 'every argument must be a string without NUL' }), {
+        minItems: 1,
+        maxItems: Limits.exec.argsMax,
+        errorMessage: 'must be a non-empty array of strings',
+        description: "argv (required without `pty`; with `pty` the default is the image's shell, `/bin/bash` if it has one, else `/bin/sh`, as a login shell)",
+      }),
+    ),
+    cwd: Type.Optional(AbsPath('working directory (default: the spec’s, or the image’s)')),
+    env: Type.Optional(Env),
+    timeoutMs: Type.Optional(Type.Number({ ...range(Limits.exec.timeoutMs), description: "kill it (verdict TIMEOUT) after this long; absent: no timeout of its own, the sandbox's ttl bounds it" })),
+    maxOutputBytes: Type.Optional(Type.Integer({ ...range(Limits.exec.maxOutputBytes), description: 'cap on stdout and on stderr, each, over its whole life (verdict OUTPUT_LIMIT); absent: none, only the newest `bufferBytes` are kept' })),
+    bufferBytes: Type.Optional(Type.Integer({ ...range(Limits.processes.bufferBytes), description: `output kept on the node per stream for \`process.output\` (default ${Limits.processes.bufferBytes.default}); older bytes are dropped and counted` })),
+    pty: Type.Optional(Type.Object(TermSize, { additionalProperties: false, description: 'run it on a pseudo-terminal of this size (stdout carries the terminal, stderr is unused)' })),
+    tag: Type.Optional(Type.String({ maxLength: 256, description: 'free text shown in `process.list`' })),
+  },
+  { $id: 'ProcessStartRequest', additionalProperties: false, errorMessage: 'must be a map' },
+);
+export type ProcessStartRequest = Static<typeof ProcessStartRequest>;
+
+/** A background process (or terminal) of a sandbox, as `process.*` verbs report it. */
+export const ProcessInfo = Type.Object(
+  {
+    id: Type.String({ description: 'the process id in Paddock (`p1`, `p2`, …; never reused in a sandbox)' }),
+    pid: Type.Optional(Type.Integer({ description: "its pid inside the sandbox, once known" })),
+    cmd: Type.Array(Type.String()),
+    tag: Type.Optional(Type.String()),
+    pty: Type.Optional(Type.Object(TermSize)),
+    state: literals(ProcessStates),
+    startedAt: Ms('ms since the epoch'),
+    endedAt: Type.Optional(Ms('ms since the epoch')),
+    bytesOut: Count('stdout bytes it wrote, in all'),
+    bytesErr: Count('stderr bytes it wrote, in all'),
+    droppedOut: Count('stdout bytes no longer held (older than the newest `bufferBytes`)'),
+    droppedErr: Count('stderr bytes no longer held'),
+    exitCode: Type.Optional(Type.Integer()),
+    signal: Type.Optional(Type.String({ description: 'the signal that ended it, if one did (exitCode is then 128 + its number)' })),
+    durationMs: Type.Optional(Type.Number()),
+    truncated: Type.Optional(Type.Boolean()),
+    timedOut: Type.Optional(Type.Boolean()),
+    verdict: Type.Optional(literals(ExecVerdicts)),
+  },
+  { $id: 'ProcessInfo', description: 'exitCode, signal, durationMs, truncated, timedOut and verdict are set once it has exited, as for exec' },
+);
+export type ProcessInfo = Static<typeof ProcessInfo>;
+export const ProcessListReply = Type.Object({ processes: Type.Array(ProcessInfo, { description: 'oldest first: the running ones and the most recent that exited' }) }, { $id: 'ProcessListReply' });
+export type ProcessListReply = Static<typeof ProcessListReply>;
+const ProcessId = Token('the process id (`id` of its ProcessInfo)', 'must be a process id');
+export const ProcessGetRequest = Type.Object({ id: ProcessId }, { $id: 'ProcessGetRequest' });
+export const ProcessWaitRequest = Type.Object(
+  { id: ProcessId, waitMs: Type.Integer({ minimum: 0, maximum: 60_000, default: 20_000, description: 'answer after this long if it still runs (then ask again)' }) },
+  { $id: 'ProcessWaitRequest' },
+);
+export const ProcessKillRequest = Type.Object(
+  { id: ProcessId, signal: Type.String({ pattern: '^SIG[A-Z0-9]{2,8}$', default: 'SIGKILL', errorMessage: 'must be a signal name such as SIGTERM', description: 'the signal; SIGKILL ends its whole process tree' }) },
+  { $id: 'ProcessKillRequest' },
+);
+export const ProcessInputRequest = Type.Object(
+  {
+    id: ProcessId,
+    data: Type.Optional(Bytes('bytes for its stdin (a terminal: what is typed)', Limits.processes.inputMax)),
+    eof: Type.Optional(Type.Boolean({ description: 'close its stdin after `data`' })),
+  },
+  { $id: 'ProcessInputRequest' },
+);
+export const ProcessResizeRequest = Type.Object({ id: ProcessId, ...TermSize }, { $id: 'ProcessResizeRequest' });
+export const ProcessOutputRequest = Type.Object(
+  {
+    id: ProcessId,
+    out: Count('the stdout offset to start from (default 0: all that is held)'),
+    err: Count('the stderr offset to start from'),
+    follow: Type.Boolean({ default: true, description: 'keep sending as it comes until the exit (false: what is held now, then `end`)' }),
+    readerId: Type.Optional(Token('names this reader so that `process.output.cancel` can stop it')),
+  },
+  { $id: 'ProcessOutputRequest' },
+);
+export const ProcessOutputCancelRequest = Type.Object({ id: ProcessId, readerId: Token('the readerId of the `process.output` to stop') }, { $id: 'ProcessOutputCancelRequest' });
+export const ProcessOutputCancelReply = Type.Object({ cancelled: Type.Boolean() }, { $id: 'ProcessOutputCancelReply' });
+/**
+ * One message of `process.output`, on the caller's inbox. Every chunk carries the offset of its
+ * first byte in its stream; `gap` says bytes from `o` on were dropped before this reader got them.
+ * `exit` (the process has ended and everything held was sent) or `end` (follow: false) is last.
+ */
+export const ProcessEvent = Type.Union(
+  [
+    Type.Object({ t: Type.Literal('out'), d: Bytes('a chunk of stdout (of the terminal, for a pty)'), o: Count('its offset in stdout') }),
+    Type.Object({ t: Type.Literal('err'), d: Bytes('a chunk of stderr'), o: Count('its offset in stderr') }),
+    Type.Object({ t: Type.Literal('gap'), stream: Stream, o: Count('the first byte lost'), bytes: Count('how many bytes were lost') }),
+    Type.Object({ t: Type.Literal('exit'), ...ExitFields }),
+    Type.Object({ t: Type.Literal('end'), out: Count('the next stdout offset'), err: Count('the next stderr offset') }),
+    Type.Object({ t: Type.Literal('error'), error: WireErrorSchema }),
+  ],
+  { $id: 'ProcessEvent' },
+);
+export type ProcessEvent = Static<typeof ProcessEvent>;
 
 // ─── Files ──────────────────────────────────────────────────────────────────────────────────────
 
@@ -739,6 +846,18 @@ export const NamedSchemas: Record<string, TSchema> = {
   ExecCancelReply,
   ExecResumeRequest,
   ExecResumeReply,
+  ProcessStartRequest,
+  ProcessInfo,
+  ProcessListReply,
+  ProcessGetRequest,
+  ProcessWaitRequest,
+  ProcessKillRequest,
+  ProcessInputRequest,
+  ProcessResizeRequest,
+  ProcessOutputRequest,
+  ProcessOutputCancelRequest,
+  ProcessOutputCancelReply,
+  ProcessEvent,
   FilesReadRequest,
   FilesReadReply,
   FilesWriteRequest,

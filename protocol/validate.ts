@@ -25,6 +25,14 @@ import {
   PortsConnectRequest,
   PortsSendRequest,
   PortsUrlRequest,
+  ProcessGetRequest,
+  ProcessInputRequest,
+  ProcessKillRequest,
+  ProcessOutputCancelRequest,
+  ProcessOutputRequest,
+  ProcessResizeRequest,
+  ProcessStartRequest,
+  ProcessWaitRequest,
   FnInvokeRequest,
   type FnLanguage,
   type FnLimits,
@@ -283,8 +291,7 @@ export function validateExec(input: unknown, defaults: { maxOutputBytes: number 
   if (bytes > Limits.exec.argBytesMax) badRequest('cmd', `arguments larger than ${Limits.exec.argBytesMax} bytes`);
   if (r.cmd[0] === '') badRequest('cmd', 'the program name is empty');
   envBytes('env', r.env, 'INVALID_REQUEST');
-  const step = validateStep(r);
-  if (step && r.stream) badRequest('stream', 'a step of a rollout is recorded whole: it cannot be streamed');
+  validateStep(r);
   return { ...r, maxOutputBytes: r.maxOutputBytes ?? defaults.maxOutputBytes };
 }
 
@@ -349,6 +356,15 @@ export const SandboxRequests = {
   'ports.send': PortsSendRequest,
   'ports.close': PortsCloseRequest,
   'ports.url': PortsUrlRequest,
+  'process.start': ProcessStartRequest,
+  'process.list': Empty,
+  'process.get': ProcessGetRequest,
+  'process.wait': ProcessWaitRequest,
+  'process.kill': ProcessKillRequest,
+  'process.input': ProcessInputRequest,
+  'process.resize': ProcessResizeRequest,
+  'process.output': ProcessOutputRequest,
+  'process.output.cancel': ProcessOutputCancelRequest,
 } as const satisfies Record<SandboxVerb, TSchema>;
 
 /** A sandbox verb's request, checked against its schema (exec has its own: validateExec). */
@@ -356,6 +372,13 @@ export function validateSandboxRequest<V extends Exclude<SandboxVerb, 'exec'>>(v
   const r = check(SandboxRequests[verb], body, 'INVALID_REQUEST', verb) as Record<string, unknown>;
   if (verb === 'files.write') validateStep(r);
   if (verb === 'network.set') r.policy = validateNetworkPolicy(r.policy ?? {}, 'INVALID_REQUEST', 'policy');
+  if (verb === 'process.start') {
+    const cmd = (r.cmd as string[] | undefined) ?? [];
+    if (cmd.length === 0 && r.pty === undefined) badRequest('cmd', 'a process needs a command (only a terminal, `pty`, has a default: the shell)');
+    if (cmd[0] === '') badRequest('cmd', 'the program name is empty');
+    if (cmd.reduce((n, a) => n + a.length, 0) > Limits.exec.argBytesMax) badRequest('cmd', `arguments larger than ${Limits.exec.argBytesMax} bytes`);
+    envBytes('env', r.env as Record<string, string> | undefined, 'INVALID_REQUEST');
+  }
   return r as Static<(typeof SandboxRequests)[V]>;
 }
 

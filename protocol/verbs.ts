@@ -8,7 +8,7 @@
 import type { SandboxState } from './messages.ts';
 
 /** What only some backends do; a verb that needs one is refused on a backend without it. */
-export const Capabilities = ['network', 'stats', 'snapshot', 'display', 'ports'] as const;
+export const Capabilities = ['network', 'stats', 'snapshot', 'display', 'ports', 'processes'] as const;
 export type Capability = (typeof Capabilities)[number];
 
 export interface VerbRow {
@@ -46,6 +46,18 @@ export const SandboxVerbTable = {
   'display.screenshot': { states: RUNNING, wakes: true, capability: 'display', request: 'Empty', reply: 'Screenshot' },
   'display.view': { states: LIVE, wakes: false, capability: 'display', request: 'DisplayViewRequest', reply: 'DisplayViewReply' },
   'display.action': { states: RUNNING, wakes: true, capability: 'display', request: 'ComputerAction', reply: 'ComputerReply' },
+  // Background processes and terminals. Reading what they wrote and listing them needs no CPU of
+  // the sandbox, so a sleeping one is not woken for it, and they go on while it stops (a reader sees
+  // the exits its end brings); signalling and typing wake it.
+  'process.start': { states: RUNNING, wakes: true, capability: 'processes', request: 'ProcessStartRequest', reply: 'ProcessInfo' },
+  'process.list': { states: [...LIVE, 'stopping'], wakes: false, capability: 'processes', request: 'Empty', reply: 'ProcessListReply' },
+  'process.get': { states: [...LIVE, 'stopping'], wakes: false, capability: 'processes', request: 'ProcessGetRequest', reply: 'ProcessInfo' },
+  'process.wait': { states: [...LIVE, 'stopping'], wakes: false, capability: 'processes', request: 'ProcessWaitRequest', reply: 'ProcessInfo' },
+  'process.kill': { states: RUNNING, wakes: true, capability: 'processes', request: 'ProcessKillRequest', reply: 'ProcessInfo' },
+  'process.input': { states: RUNNING, wakes: true, capability: 'processes', request: 'ProcessInputRequest', reply: 'Empty' },
+  'process.resize': { states: RUNNING, wakes: true, capability: 'processes', request: 'ProcessResizeRequest', reply: 'Empty' },
+  'process.output': { states: [...LIVE, 'stopping'], wakes: false, capability: 'processes', request: 'ProcessOutputRequest', reply: 'ProcessEvent' },
+  'process.output.cancel': { states: [...LIVE, 'stopping'], wakes: false, capability: 'processes', request: 'ProcessOutputCancelRequest', reply: 'ProcessOutputCancelReply' },
   snapshot: { states: RUNNING, wakes: true, capability: 'snapshot', request: 'Empty', reply: 'SnapshotInfo' },
   fork: { states: RUNNING, wakes: true, capability: 'snapshot', request: 'ForkRequest', reply: 'ForkReply' },
   'ports.connect': { states: RUNNING, wakes: true, capability: 'ports', request: 'PortsConnectRequest', reply: 'PortEvent' },

@@ -145,6 +145,53 @@ export function canForwardPorts(b: Backend): b is Backend & PortForwarding {
   return typeof (b as Partial<PortForwarding>).connectPort === 'function';
 }
 
+/** A background process to start (capability `processes`). */
+export interface ProcessOptions {
+  /** Empty with `pty`: the image's shell. */
+  cmd: string[];
+  cwd?: string;
+  env?: Record<string, string>;
+  /** Kill it (timedOut) after this long; absent: never (the sandbox's ttl bounds it). */
+  timeoutMs?: number;
+  /** Cap on stdout and on stderr, each, over its life (truncated); absent: none. */
+  maxOutputBytes?: number;
+  /** Run it on a pseudo-terminal of this size: stdout carries the terminal, stderr stays empty. */
+  pty?: { cols: number; rows: number };
+  /** Each chunk of output as it comes. */
+  onOutput: (stream: 'out' | 'err', chunk: Buffer) => void;
+  /** Aborting kills its whole tree (reason EXEC_KILLED: verdict KILLED). */
+  signal?: AbortSignal;
+}
+
+/** A process a backend started: its stdin stays open for `write` until `closeStdin`. */
+export interface RunningProcess {
+  /** What runs (a terminal's default shell filled in). */
+  readonly cmd: string[];
+  /** Its pid inside the sandbox, when the backend can tell. */
+  readonly pid?: number;
+  /** Bytes for its stdin (a terminal: typed input). Rejects BUSY when it does not read and too much is waiting. */
+  write(data: Uint8Array): Promise<void>;
+  closeStdin(): void;
+  /** A terminal's new size (its foreground process gets SIGWINCH). */
+  resize(cols: number, rows: number): void;
+  /** Sends `signal` (a name such as SIGTERM) to it; SIGKILL ends its whole tree. */
+  kill(signal: string): Promise<void>;
+  /** Its end, in exec's terms. */
+  readonly done: Promise<ExecOutcome>;
+}
+
+/**
+ * Capability: background processes with a stdin that stays open, and terminals. The node keeps
+ * their output and their table (actors/processes.ts); the backend only starts, feeds and signals.
+ */
+export interface Processes {
+  startProcess(id: string, opts: ProcessOptions): Promise<RunningProcess>;
+}
+
+export function hasProcesses(b: Backend): b is Backend & Processes {
+  return typeof (b as Partial<Processes>).startProcess === 'function';
+}
+
 export function canSnapshot(b: Backend): b is Backend & Snapshotting {
   return typeof (b as Partial<Snapshotting>).fork === 'function' && typeof (b as Partial<Snapshotting>).snapshot === 'function';
 }

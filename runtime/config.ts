@@ -53,6 +53,8 @@ export interface NodeConfig {
   maxOutputBytes: number;
   /** Output a streamed exec keeps for callers that reconnect (exec.resume). */
   streamBufferBytes: number;
+  /** Output each background process keeps per stream for late readers, unless its start asks otherwise. */
+  processBufferBytes: number;
   heartbeatMs: number;
   pressure: { minAvailableMiB: number; psiAvg10: number; minIdleMs: number; intervalMs: number };
   /**
@@ -136,6 +138,7 @@ export const ENV_DOC: Record<string, string> = {
   PADDOCK_MEMORY_OVERCOMMIT: 'memory capacity = RAM × this (default 1.5)',
   PADDOCK_MAX_SANDBOXES: 'sandboxes per node at most (default 4096)',
   PADDOCK_MAX_OUTPUT_BYTES: 'default cap on stdout and on stderr of one exec (default 1048576)',
+  PADDOCK_PROCESS_BUFFER_BYTES: 'output each background process or terminal keeps per stream for readers who come late (default 1048576); older output is dropped and counted',
   PADDOCK_STREAM_BUFFER_BYTES: 'recent output each streamed exec keeps for a caller that reconnects (default 524288); older output it missed comes back as a gap event',
   PADDOCK_CREATE_CONCURRENCY: 'backend creates at once; the rest queue (default 8)',
   PADDOCK_HEARTBEAT_MS: 'node heartbeat period in pdk_nodes (default 2000)',
@@ -231,6 +234,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): NodeConfig {
     },
     maxOutputBytes: numEnv(env, 'PADDOCK_MAX_OUTPUT_BYTES', 1024 * 1024),
     streamBufferBytes: numEnv(env, 'PADDOCK_STREAM_BUFFER_BYTES', 512 * 1024),
+    processBufferBytes: numEnv(env, 'PADDOCK_PROCESS_BUFFER_BYTES', 1024 * 1024),
     heartbeatMs: numEnv(env, 'PADDOCK_HEARTBEAT_MS', 2000),
     createConcurrency: numEnv(env, 'PADDOCK_CREATE_CONCURRENCY', 8),
     fn: {

@@ -29,6 +29,7 @@ import {
 import { Attr, traceHeaders } from '../protocol/trace.ts';
 import { CancelledError, errorFromWire, NotFoundError, TimeoutError, UnavailableError } from './errors.ts';
 import { SandboxPorts } from './ports.ts';
+import { SandboxProcesses, SandboxPty } from './processes.ts';
 import { type CallOptions, checkTimeout, clientAttrs, sdkTracer, spanFailed, type Transport } from './transport.ts';
 
 export interface ExecOptions extends CallOptions {
@@ -66,7 +67,8 @@ export type ExecStreamEvent =
   | { type: 'stdout' | 'stderr'; data: Uint8Array; text: string }
   /** Output lost for good: the stream resumed after an outage longer than the node keeps output for. */
   | { type: 'gap'; events: number; bytes: number }
-  | { type: 'exit'; exitCode: number; signal?: string; durationMs: number; truncated: boolean; timedOut: boolean; verdict: ExecVerdict };
+  /** `replayed`: a rollout step recorded before; the output events were its recorded output and nothing ran now. */
+  | { type: 'exit'; exitCode: number; signal?: string; durationMs: number; truncated: boolean; timedOut: boolean; verdict: ExecVerdict; replayed?: boolean };
 
 export interface ForkOptions extends CallOptions {
   /** Labels of the copies (default: this sandbox's). */
@@ -129,6 +131,10 @@ export class Sandbox {
   readonly display: SandboxDisplay;
   /** TCP ports inside the sandbox, reached from outside without giving it a network (containers). */
   readonly ports: SandboxPorts;
+  /** Background processes: start one, list them, read their output now or later. */
+  readonly processes: SandboxProcesses;
+  /** Terminals (pseudo-terminals running a shell). */
+  readonly pty: SandboxPty;
 
   constructor(
     private readonly t: Transport,
@@ -147,6 +153,13 @@ export class Sandbox {
       nc: t.nc,
       call: (verb, body, opts) => sb.call(verb, body, opts),
     });
+    this.processes = new SandboxProcesses(this);
+    this.pty = new SandboxPty(this);
+  }
+
+  /** @internal */
+  get transport(): Transport {
+    return this.t;
   }
 
   get id(): string {

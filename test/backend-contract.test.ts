@@ -128,6 +128,9 @@ test('sim: what the simulated backend cannot honour is refused, not ignored', as
   const sb = await c.pdk.sandboxes.create({ backend: 'sim' });
   t.teardown(() => sb.kill().catch(() => {}));
   t.is(await code(sb.call('network.set', { policy: {} })), 'INVALID_REQUEST');
+  // Background processes are the container backend's alone: the others refuse them by capability.
+  const refused = await t.throwsAsync(sb.processes.start(['true']), { message: /lacks the processes capability/ });
+  t.is((refused as { code?: string } | undefined)?.code, 'INVALID_REQUEST');
 });
 
 test('a backend the node does not offer is refused with INVALID_SPEC', async (t) => {

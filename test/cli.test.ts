@@ -276,3 +276,70 @@ test('ps against a NATS that no Paddock serves says so: UNAVAILABLE, exit 1', as
   t.is(r.code, 1);
   t.regex(r.stderr, /^paddock: UNAVAILABLE: nothing answers \S+, and there is no sandbox directory .*is a Paddock node running\?$/m);
 });
+
+test('shell with stdin not a terminal runs the command without one: stdin piped in, stdout and stderr apart, its exit code', async (t) => {
+  const url = t.context.cluster.url;
+  const sb = await t.context.pdk.sandboxes.create({});
+  t.teardown(() => sb.kill());
+  const r = await paddock(url, ['shell', sb.id], new TextEncoder().encode('echo hi; echo oops >&2; [ -t 0 ] || echo no-tty; exit 3\n'));
+  t.is(r.code, 3, r.stderr);
+  t.is(r.stdout.toString(), 'hi\nno-tty\n');
+  t.is(r.stderr, 'oops\n');
+  const cat = await paddock(url, ['shell', sb.id, '--', 'cat'], ALL_BYTES);
+  t.is(cat.code, 0, cat.stderr);
+  t.deepEqual(new Uint8Array(cat.stdout), ALL_BYTES);
+});
+
+/**
+ * Runs the CLI on a real pseudo-terminal of 100x30 (python3's pty), types `keys` into it once the
+ * sandbox's prompt shows, and returns all it printed and its exit status.
+ */
+function onTerminal(natsUrl: string, args: string[], keys: string): Promise<Run> {
+  const script = `
+import fcntl, os, pty, struct, sys, termios, time, select
+pid, fd = pty.fork()
+if pid == 0:
+    os.execvpe(sys.argv[1], sys.argv[1:], os.environ)
+fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack('HHHH', 30, 100, 0, 0))
+os.kill(pid, 28)
+out = b''
+sent = False
+deadline = time.time() + 60
+while time.time() < deadline:
+    r, _, _ = select.select([fd], [], [], 0.2)
+    if r:
+        try:
+            d = os.read(fd, 65536)
+        except OSError:
+            break
+        if not d:
+            break
+        out += d
+    if not sent and (b'# ' in out or b'$ ' in out):
+        os.write(fd, os.environ['KEYS'].encode())
+        sent = True
+_, status = os.waitpid(pid, 0)
+sys.stdout.buffer.write(out)
+sys.exit(os.waitstatus_to_exitcode(status))
+`;
+  const env: NodeJS.ProcessEnv = { ...process.env, PADDOCK_HOME: join(tmpdir(), 'paddock-cli-test-nohome'), NATS_URL: natsUrl, KEYS: keys };
+  return new Promise((resolve, reject) => {
+    const child = spawn('python3', ['-c', script, process.execPath, CLI, ...args], { env, stdio: ['ignore', 'pipe', 'pipe'] });
+    const out: Buffer[] = [];
+    const err: Buffer[] = [];
+    child.stdout.on('data', (d: Buffer) => out.push(d));
+    child.stderr.on('data', (d: Buffer) => err.push(d));
+    child.on('error', reject);
+    child.on('close', (code) => resolve({ code, stdout: Buffer.concat(out), stderr: Buffer.concat(err).toString() }));
+  });
+}
+
+test('shell on a terminal: a pseudo-terminal of the same size inside, keys go through raw, exit code is the shell’s', async (t) => {
+  const sb = await t.context.pdk.sandboxes.create({});
+  t.teardown(() => sb.kill());
+  const r = await onTerminal(t.context.cluster.url, ['shell', sb.id], 'tty; stty size; exit 5\r');
+  const text = r.stdout.toString();
+  t.is(r.code, 5, `${text}\n${r.stderr}`);
+  t.regex(text, /\/dev\/pts\/\d+/);
+  t.regex(text, /^30 100\r?$/m);
+});

@@ -112,6 +112,44 @@ test('exec as Server-Sent Events: output as it comes, then exit; closing the con
   t.true(freed, metrics);
 });
 
+test('processes through HTTP: start, input, output as Server-Sent Events from an offset, wait, kill, list; a terminal resizes', async (t) => {
+  const id = await create();
+  t.teardown(() => fetch(`${gw.url}/v1/sandboxes/${id}`, { method: 'DELETE' }));
+  const started = await call(`/v1/sandboxes/${id}/processes`, json({ cmd: 'while read l; do echo "got $l"; done; echo bye >&2; exit 2', tag: 'http' }));
+  t.is(started.status, 201, JSON.stringify(started.body));
+  const pid = started.body.id as string;
+  t.is((await call(`/v1/sandboxes/${id}/processes/${pid}/input`, json({ text: 'one\n', eof: true }))).status, 200);
+  let waited = await call(`/v1/sandboxes/${id}/processes/${pid}/wait`, { method: 'POST' });
+  while (waited.body.state === 'running') waited = await call(`/v1/sandboxes/${id}/processes/${pid}/wait`, { method: 'POST' });
+  t.like(waited.body, { state: 'exited', exitCode: 2, verdict: 'OK' });
+  const res = await fetch(`${gw.url}/v1/sandboxes/${id}/processes/${pid}/output?stdout=4`);
+  const events: SseEvent[] = [];
+  for await (const e of sseEvents(res)) events.push(e);
+  t.deepEqual(
+    events.filter((e) => e.event === 'stdout').map((e) => e.data),
+    [{ text: 'one\n', offset: 4 }],
+  );
+  t.like(events.find((e) => e.event === 'stderr')?.data, { text: 'bye\n', offset: 0 });
+  t.like(events.at(-1), { event: 'exit', data: { exitCode: 2 } });
+  const listed = await call(`/v1/sandboxes/${id}/processes`);
+  t.true(listed.body.processes.some((p: { id: string; tag?: string }) => p.id === pid && p.tag === 'http'));
+
+  const sleeper = (await call(`/v1/sandboxes/${id}/processes`, json({ cmd: ['sleep', '1000'] }))).body.id as string;
+  t.is((await call(`/v1/sandboxes/${id}/processes/${sleeper}/kill?signal=SIGKILL`, { method: 'POST' })).status, 200);
+  let killed = await call(`/v1/sandboxes/${id}/processes/${sleeper}/wait`, { method: 'POST' });
+  while (killed.body.state === 'running') killed = await call(`/v1/sandboxes/${id}/processes/${sleeper}/wait`, { method: 'POST' });
+  t.like(killed.body, { verdict: 'KILLED', signal: 'SIGKILL' });
+
+  const term = await call(`/v1/sandboxes/${id}/processes`, json({ pty: { cols: 50, rows: 10 }, cmd: ['sh', '-c', 'read x; stty size'] }));
+  t.is(term.status, 201, JSON.stringify(term.body));
+  t.is((await call(`/v1/sandboxes/${id}/processes/${term.body.id}/resize`, json({ cols: 90, rows: 20 }))).status, 200);
+  await call(`/v1/sandboxes/${id}/processes/${term.body.id}/input`, json({ text: '\r' }));
+  const out: SseEvent[] = [];
+  for await (const e of sseEvents(await fetch(`${gw.url}/v1/sandboxes/${id}/processes/${term.body.id}/output`))) out.push(e);
+  t.regex(out.filter((e) => e.event === 'stdout').map((e) => (e.data as { text: string }).text).join(''), /20 90/);
+  t.is((await call(`/v1/sandboxes/${id}/processes/p999`)).status, 404);
+});
+
 test('files: PUT of any size, GET with ranges, list, DELETE', async (t) => {
   const id = await create({ diskMiB: 64 });
   t.teardown(() => fetch(`${gw.url}/v1/sandboxes/${id}`, { method: 'DELETE' }));

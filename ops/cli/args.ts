@@ -33,6 +33,10 @@ export const COMMANDS = {
     env: { type: 'string', multiple: true },
     stdin: { type: 'boolean' },
   },
+  shell: {
+    cwd: { type: 'string' },
+    env: { type: 'string', multiple: true },
+  },
   ps: {
     label: { type: 'string', multiple: true },
     group: { type: 'string' },

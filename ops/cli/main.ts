@@ -44,6 +44,11 @@ Drive sandboxes:
                            run a command, streaming its output; exits with its exit code.
                            --timeout kills the command after MS ms (default ${Limits.exec.timeoutMs.default});
                            --stdin sends this command's piped stdin to it
+  shell <id> [--cwd DIR] [--env K=V]... [-- <cmd> [args...]]
+                           a terminal in the sandbox (default: its shell, bash if it has one);
+                           exits with the shell's exit code. With stdin not a terminal: runs
+                           <cmd> (default sh) without one, stdin piped to it, stdout and stderr
+                           apart
   ps [--label k=v]... [--group G] [--all] [--json]
                            list live sandboxes (--all: ended ones too)
   rm <id>...               kill sandboxes
@@ -67,7 +72,7 @@ Global options:
   --timeout MS             how long to wait for answers (for exec: the command's time limit)
   -h, --help               this text
 
-Exit status: 0 on success; exec: the command's exit code; 2 when the request was at fault
+Exit status: 0 on success; exec, shell: the command's exit code; 2 when the request was at fault
 (bad arguments, unknown sandbox, invalid spec); 1 otherwise.
 
 Environment (up, node):
@@ -120,6 +125,8 @@ async function main(argv: string[]): Promise<number> {
       return (await import('./sandboxes.ts')).create(a);
     case 'exec':
       return (await import('./sandboxes.ts')).exec(a);
+    case 'shell':
+      return (await import('./shell.ts')).shell(a);
     case 'ps':
       return (await import('./sandboxes.ts')).ps(a);
     case 'rm':

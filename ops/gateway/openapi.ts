@@ -54,6 +54,21 @@ function gatewaySchemas(defs: Record<string, Json>): Record<string, Json> {
       type: 'object',
       properties: exitProps,
     },
+    HttpProcessStart: {
+      type: 'object',
+      description: 'ProcessStartRequest as JSON: `cmd` may be a string (run by /bin/sh -c).',
+      properties: { ...defs.ProcessStartRequest.properties, cmd: { oneOf: [{ type: 'string' }, defs.ProcessStartRequest.properties.cmd] } },
+    },
+    HttpProcessInput: {
+      type: 'object',
+      properties: { text: { type: 'string', description: 'input as text' }, data: { type: 'string', contentEncoding: 'base64', description: 'input as base64' }, eof: { type: 'boolean', description: 'close its stdin after the input' } },
+    },
+    HttpProcessResize: { type: 'object', properties: { cols: { type: 'integer' }, rows: { type: 'integer' } }, required: ['cols', 'rows'] },
+    ProcessEvents: {
+      description: 'text/event-stream: `event: stdout` / `event: stderr` with `{"text": …, "offset": n}` (or `{"data": base64, …}` with encoding=base64), `event: gap` with `{stream, offset, bytes}` for bytes dropped before they were asked for, then `event: exit` with the fields below (or `event: end` with follow=0), or `event: error` with an HttpError.',
+      type: 'object',
+      properties: exitProps,
+    },
     SandboxEvents: { description: 'text/event-stream: `event: sandbox`, data a SandboxInfo after each transition.', ...ref('SandboxInfo') },
     HttpWriteReply: { type: 'object', properties: { path: { type: 'string' }, size: { type: 'integer', description: 'bytes written' } }, required: ['path', 'size'] },
     HttpRolloutView: { type: 'object', properties: { rollout: ref('RolloutRecord'), sandbox: ref('SandboxInfo'), lastStep: { type: 'integer', description: 'highest step recorded (-1: none)' } }, required: ['rollout', 'sandbox', 'lastStep'] },

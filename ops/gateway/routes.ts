@@ -36,6 +36,7 @@ export interface Route {
 
 const id: Param = { name: 'id', in: 'path', description: 'the sandbox id', required: true };
 const rolloutId: Param = { name: 'rolloutId', in: 'path', description: 'the rollout id', required: true };
+const pidParam: Param = { name: 'pid', in: 'path', description: 'the process id (`p1`, …)', required: true };
 const filePath: Param = { name: 'path', in: 'query', description: 'an absolute path inside the sandbox', required: true };
 const lifecycle = (verb: string, summary: string): Route => ({ operationId: `${verb}Sandbox`, method: 'POST', path: `/v1/sandboxes/{id}/${verb}`, summary, tag: 'sandboxes', params: [id], reply: 'SandboxInfo' });
 
@@ -81,6 +82,30 @@ export const Routes: Route[] = [
   { operationId: 'screenshot', method: 'GET', path: '/v1/sandboxes/{id}/display/screenshot', summary: "A full VM's screen as a PNG (taken by the VMM)", tag: 'display', params: [id], reply: 'png' },
   { operationId: 'displayView', method: 'GET', path: '/v1/sandboxes/{id}/display/view', summary: 'A URL of a live view of the screen (noVNC on the node), view only unless control=1', tag: 'display', params: [id, { name: 'control', in: 'query', description: '`1`: the viewer may type and click', schema: { type: 'boolean' } }], reply: 'DisplayViewReply' },
   { operationId: 'computerAction', method: 'POST', path: '/v1/sandboxes/{id}/computer', summary: 'One action of the computer-use action set (left_click, type, key, scroll, …)', tag: 'display', params: [id], request: 'ComputerAction', reply: 'HttpComputerReply' },
+  { operationId: 'startProcess', method: 'POST', path: '/v1/sandboxes/{id}/processes', summary: 'Start a background process (or a terminal, with `pty`); answers at once', tag: 'processes', params: [id], request: 'HttpProcessStart', reply: 'ProcessInfo', status: 201 },
+  { operationId: 'listProcesses', method: 'GET', path: '/v1/sandboxes/{id}/processes', summary: 'The running processes and the most recent that exited', tag: 'processes', params: [id], reply: 'ProcessListReply' },
+  { operationId: 'getProcess', method: 'GET', path: '/v1/sandboxes/{id}/processes/{pid}', summary: "A process's record", tag: 'processes', params: [id, pidParam], reply: 'ProcessInfo' },
+  { operationId: 'waitProcess', method: 'POST', path: '/v1/sandboxes/{id}/processes/{pid}/wait', summary: 'Its record once it has exited, or after 20 s with `state: running` (ask again)', tag: 'processes', params: [id, pidParam], reply: 'ProcessInfo' },
+  { operationId: 'killProcess', method: 'POST', path: '/v1/sandboxes/{id}/processes/{pid}/kill', summary: 'Send it a signal (default SIGKILL: its whole tree)', tag: 'processes', params: [id, pidParam, { name: 'signal', in: 'query', description: 'e.g. SIGTERM' }], reply: 'ProcessInfo' },
+  { operationId: 'processInput', method: 'POST', path: '/v1/sandboxes/{id}/processes/{pid}/input', summary: 'Bytes for its stdin (a terminal: keys typed); `eof` closes it', tag: 'processes', params: [id, pidParam], request: 'HttpProcessInput', reply: 'Empty' },
+  { operationId: 'resizeProcess', method: 'POST', path: '/v1/sandboxes/{id}/processes/{pid}/resize', summary: "A terminal's new size", tag: 'processes', params: [id, pidParam], request: 'HttpProcessResize', reply: 'Empty' },
+  {
+    operationId: 'processOutput',
+    method: 'GET',
+    path: '/v1/sandboxes/{id}/processes/{pid}/output',
+    summary: 'Its output from byte offsets, as Server-Sent Events, until it exits (follow=0: what is held now)',
+    tag: 'processes',
+    params: [
+      id,
+      pidParam,
+      { name: 'stdout', in: 'query', description: 'stdout offset to start from (default 0)', schema: { type: 'integer' } },
+      { name: 'stderr', in: 'query', description: 'stderr offset to start from (default 0)', schema: { type: 'integer' } },
+      { name: 'follow', in: 'query', description: '`0`: only what the node holds now', schema: { type: 'boolean' } },
+      { name: 'encoding', in: 'query', description: '`base64` sends output bytes as `data` (base64) instead of `text`' },
+    ],
+    reply: 'ProcessEvents',
+    sse: 'ProcessEvents',
+  },
   {
     operationId: 'readFile',
     method: 'GET',

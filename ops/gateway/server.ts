@@ -212,6 +212,7 @@ function handlers(o: GatewayContext): Record<string, Handler> {
   // Room for the rest of the request (path, msgpack framing) beside a chunk of file bytes.
   const writeChunk = Math.max(64 * 1024, Math.min(Limits.files.chunkMax, maxPayload - 64 * 1024));
   const lifecycle = (verb: 'pause' | 'resume' | 'hibernate' | 'restore'): Handler => (req) => sandbox(pdk, req.params.id)[verb]();
+  const proc = (req: Req) => sandbox(pdk, req.params.id).processes.get(token(req.params.pid, 'process id'));
   return {
     createSandbox: async (req, reply) => {
       const spec = object(req.body, 'sandbox spec') as CreateSpec;
@@ -261,6 +262,66 @@ function handlers(o: GatewayContext): Record<string, Handler> {
           const data = base64 ? { data: Buffer.from(ev.data).toString('base64') } : { text: text[ev.type].decode(ev.data, { stream: true }) };
           await sse.event(ev.type, data);
         }
+      });
+      return reply;
+    },
+    startProcess: async (req, reply) => {
+      const b = object(req.body, 'process');
+      const { cmd, pty, cwd, env, timeoutMs, maxOutputBytes, bufferBytes, tag } = b as Record<string, never>;
+      const sb = sandbox(pdk, req.params.id);
+      const opts = { ...(cwd !== undefined ? { cwd } : {}), ...(env !== undefined ? { env } : {}), ...(timeoutMs !== undefined ? { timeoutMs } : {}), ...(maxOutputBytes !== undefined ? { maxOutputBytes } : {}), ...(bufferBytes !== undefined ? { bufferBytes } : {}), ...(tag !== undefined ? { tag } : {}) };
+      const p = pty !== undefined ? await sb.pty.create({ ...opts, ...(pty as object), ...(cmd !== undefined ? { cmd } : {}) }) : await sb.processes.start(cmd ?? [], opts);
+      reply.code(201);
+      return p.info;
+    },
+    listProcesses: async (req) => ({ processes: await sandbox(pdk, req.params.id).processes.list() }),
+    getProcess: async (req) => (await proc(req)).info,
+    waitProcess: async (req) => {
+      const p = await proc(req);
+      return sandbox(pdk, req.params.id).call('process.wait', { id: p.id, waitMs: 20_000 }, { timeoutMs: 30_000 });
+    },
+    killProcess: async (req) => (await proc(req)).kill(str(req.query, 'signal') ?? 'SIGKILL'),
+    processInput: async (req) => {
+      const b = object(req.body, 'input');
+      const p = await proc(req);
+      const data = typeof b.data === 'string' ? Buffer.from(b.data, 'base64') : typeof b.text === 'string' ? Buffer.from(b.text) : undefined;
+      if (data) await p.write(data);
+      if (b.eof === true) await p.closeStdin();
+      return {};
+    },
+    resizeProcess: async (req) => {
+      const b = object(req.body, 'resize');
+      await sandbox(pdk, req.params.id).call('process.resize', { id: token(req.params.pid, 'process id'), cols: b.cols, rows: b.rows });
+      return {};
+    },
+    processOutput: async (req, reply) => {
+      const p = await proc(req);
+      const q = req.query;
+      const offset = (k: string) => {
+        const v = str(q, k);
+        if (v === undefined) return 0;
+        const n = Number(v);
+        if (!Number.isSafeInteger(n) || n < 0) throw new GatewayError('INVALID_REQUEST', `${k}: must be a byte offset (an integer from 0)`);
+        return n;
+      };
+      const from = { stdout: offset('stdout'), stderr: offset('stderr') };
+      const follow = str(q, 'follow') !== '0' && str(q, 'follow') !== 'false';
+      const base64 = str(q, 'encoding') === 'base64';
+      await stream(o, req, reply, 'process', async (sse, signal) => {
+        const text = { stdout: new TextDecoder(), stderr: new TextDecoder() };
+        for await (const ev of p.output({ from, follow, signal })) {
+          if (ev.type === 'exit') {
+            const { type: _, ...rest } = ev;
+            await sse.event('exit', rest);
+            return;
+          }
+          if (ev.type === 'gap') {
+            await sse.event('gap', { stream: ev.stream, offset: ev.offset, bytes: ev.bytes });
+            continue;
+          }
+          await sse.event(ev.type, { ...(base64 ? { data: Buffer.from(ev.data).toString('base64') } : { text: text[ev.type].decode(ev.data, { stream: true }) }), offset: ev.offset });
+        }
+        if (!follow) await sse.event('end', {});
       });
       return reply;
     },

@@ -19,11 +19,12 @@ import { spawn } from 'node:child_process';
 import { closeSync, constants, mkdirSync, openSync, readFileSync, writeFileSync } from 'node:fs';
 import { type FileHandle, mkdir, open, readdir, readFile, rm, rmdir, writeFile } from 'node:fs/promises';
 import { constants as osConstants } from 'node:os';
+import { Socket } from 'node:net';
 import { join } from 'node:path';
 import { Duplex } from 'node:stream';
 import type { Logger } from 'pino';
 import { diskMiBOf, type NetworkPolicy, ProtocolError, type SandboxSpec, type SandboxStats } from '../../protocol/index.ts';
-import type { Backend, ExecOptions, ExecOutcome, HibernateOutcome, PortForwarding, Snapshotting, SnapshotStore } from '../backend.ts';
+import type { Backend, ExecOptions, ExecOutcome, HibernateOutcome, PortForwarding, Processes, ProcessOptions, RunningProcess, Snapshotting, SnapshotStore } from '../backend.ts';
 import { type CgroupMode, cgroupDir, detectCgroups, favorDynamicCgroups, isMountPoint, v1Hierarchies } from '../cgroups.ts';
 import { RootFiles } from '../files.ts';
 import { BUSYBOX_INIT } from '../images/busybox.ts';
@@ -38,7 +39,7 @@ import { sourceFile } from '../source.ts';
 import { type MountPlan, resolveProgram, Spawner } from '../spawner.ts';
 import { buildStaticBinary } from '../static-binary.ts';
 import { readText } from '../sync-read.ts';
-import { execInContainer } from './exec.ts';
+import { execInContainer, killTree, nsPid, signalGroup } from './exec.ts';
 import { Hardening } from './hardening.ts';
 import { baseEnv, ociConfig } from './oci.ts';
 import { CgroupSleep } from './sleep.ts';
@@ -79,7 +80,7 @@ interface SnapshotRecord {
   meta?: Record<string, unknown>;
 }
 
-export class ContainerBackend implements Backend, Snapshotting, SnapshotStore, PortForwarding {
+export class ContainerBackend implements Backend, Snapshotting, SnapshotStore, PortForwarding, Processes {
   readonly kind = 'container' as const;
   readonly cgroupMode: CgroupMode;
   private crun: string;
@@ -300,6 +301,91 @@ export class ContainerBackend implements Backend, Snapshotting, SnapshotStore, P
     const env = { ...p.env, ...opts.env };
     const watch = new LimitWatch(this.cgroupMode, this.cgroupPath(id));
     return judged(watch, this.rootOf(id), opts.signal, (signal) => execInContainer({ spawner: this.spawner(), crun: this.crun, idle: p.idle, root: this.crunRoot, id, pidFile, process: p.process }, { ...opts, cwd: opts.cwd ?? p.cwd, env, signal }));
+  }
+
+  /**
+   * A background process: an exec with no timeout of its own whose stdin is a FIFO the node holds
+   * open (O_RDWR, so opening it never waits for the other end) and writes through a non-blocking
+   * pipe handle, so that a process that never reads cannot tie up a thread of the node. A
+   * terminal is the same exec of the init's relay mode (init.c pty_main), with framed input.
+   */
+  async startProcess(id: string, o: ProcessOptions): Promise<RunningProcess> {
+    const p = this.running(id);
+    if (o.pty && !this.initBinary) throw new ProtocolError('BACKEND_FAILED', 'terminals need the sandbox init, which this node could not build (a C compiler with a static libc)');
+    const base = join(this.dir(id), `proc-${++this.execSeq}`);
+    const fifo = `${base}.in`;
+    const mk = await this.spawner().run({ argv: ['mkfifo', '-m', '0600', fifo], captureStderr: true });
+    if (mk.code !== 0) throw new ProtocolError('BACKEND_FAILED', `mkfifo: ${mk.stderr.trim() || `exit ${mk.code}`}`);
+    const stdin = new Socket({ fd: openSync(fifo, constants.O_RDWR | constants.O_NONBLOCK), readable: false, writable: true });
+    stdin.on('error', () => {});
+    let cmd = o.cmd;
+    if (o.pty && cmd.length === 0) {
+      const bash = await this.files(id)
+        .read('/bin/bash', 0, 1)
+        .then(
+          () => true,
+          () => false,
+        );
+      cmd = [bash ? '/bin/bash' : '/bin/sh', '-l'];
+    }
+    const argv = o.pty ? ['/proc/self/fd/3', 'pty', String(o.pty.cols), String(o.pty.rows), ...cmd] : cmd;
+    let told!: (pid: number | null) => void;
+    const started = new Promise<number | null>((r) => {
+      told = r;
+    });
+    const watch = new LimitWatch(this.cgroupMode, this.cgroupPath(id));
+    const done = judged(watch, this.rootOf(id), o.signal, (signal) =>
+      execInContainer(
+        { spawner: this.spawner(), crun: this.crun, idle: p.idle, root: this.crunRoot, id, pidFile: `${base}.pid`, process: p.process, stdinPath: fifo, fd3: o.pty !== undefined, onPid: told },
+        { cmd: argv, cwd: o.cwd ?? p.cwd, env: { ...p.env, ...o.env }, timeoutMs: o.timeoutMs ?? Number.POSITIVE_INFINITY, maxOutputBytes: o.maxOutputBytes ?? Number.POSITIVE_INFINITY, onOutput: o.onOutput, discard: true, signal },
+      ),
+    ).finally(() => {
+      stdin.destroy();
+      void rm(fifo, { force: true });
+    });
+    const hostPid = await started;
+    let ended = false;
+    void done.then(
+      () => {
+        ended = true;
+      },
+      () => {
+        ended = true;
+      },
+    );
+    const pid = hostPid ? await nsPid(hostPid) : undefined;
+    const frame = (type: string, body: Uint8Array) => {
+      const head = Buffer.alloc(5);
+      head.write(type, 0);
+      head.writeUInt32LE(body.length, 1);
+      return Buffer.concat([head, body]);
+    };
+    return {
+      cmd,
+      ...(pid !== undefined ? { pid } : {}),
+      done,
+      write: async (data) => {
+        if (stdin.destroyed || stdin.writableEnded) throw new ProtocolError('INVALID_STATE', 'its stdin is closed');
+        if (stdin.writableLength > STDIN_QUEUE_MAX) throw new ProtocolError('BUSY', `it has not read the last ${stdin.writableLength} bytes of its stdin yet`, { detail: { retryAfterMs: 100 } });
+        if (!o.pty) stdin.write(data);
+        else for (let at = 0; at < data.length; at += 65536) stdin.write(frame('d', data.subarray(at, at + 65536)));
+      },
+      closeStdin: () => {
+        stdin.end();
+      },
+      resize: (cols, rows) => {
+        if (!o.pty || stdin.destroyed || stdin.writableEnded) return;
+        const b = Buffer.alloc(4);
+        b.writeUInt16LE(cols, 0);
+        b.writeUInt16LE(rows, 2);
+        stdin.write(frame('r', b));
+      },
+      kill: async (signal) => {
+        if (!hostPid || ended) return;
+        if (signal === 'SIGKILL') await killTree(hostPid);
+        else signalGroup(hostPid, signal as NodeJS.Signals);
+      },
+    };
   }
 
   pause(id: string): Promise<void> {
@@ -696,6 +782,8 @@ export class ContainerBackend implements Backend, Snapshotting, SnapshotStore, P
 
 const INIT_SOURCE = sourceFile('runtime/container/init.c');
 const PORTFWD_SOURCE = sourceFile('runtime/container/portfwd.c');
+/** Input a process has not read yet that the node holds for it at most; past it `write` is BUSY. */
+const STDIN_QUEUE_MAX = 1024 * 1024;
 
 /**
  * Image inits that only keep a container alive: the sandbox init does that by itself, so they are

@@ -9,6 +9,7 @@
     sb.kill()
 """
 
+import base64
 import builtins
 import json
 import os
@@ -138,7 +139,6 @@ def _exec_body(cmd: Command, cwd, env, stdin, timeout_ms, max_output_bytes, roll
     if env is not None:
         b["env"] = env
     if isinstance(stdin, (bytes, bytearray)):
-        import base64
         b["stdinBase64"] = base64.b64encode(stdin).decode()
     elif stdin is not None:
         b["stdin"] = stdin
@@ -163,6 +163,7 @@ class Sandbox:
         self._http = http
         self.info = info
         self.files = SandboxFiles(self)
+        self.processes = SandboxProcesses(self)
 
     @property
     def id(self) -> str:
@@ -254,6 +255,92 @@ class Sandbox:
 
     def __exit__(self, *exc: Any) -> None:
         self.kill()
+
+
+class Process:
+    """A background process (or terminal) of a sandbox. ``info`` is its last known record."""
+
+    def __init__(self, sb: Sandbox, info: Dict[str, Any]) -> None:
+        self._sb = sb
+        self.info = info
+
+    @property
+    def id(self) -> str:
+        return self.info["id"]
+
+    @property
+    def pid(self) -> Optional[int]:
+        return self.info.get("pid")
+
+    def __repr__(self) -> str:
+        return f"<Process {self.id} {self.info.get('state')}>"
+
+    def _path(self, tail: str = "") -> str:
+        return self._sb._path(f"/processes/{_quote(self.id)}{tail}")
+
+    def refresh(self, timeout: Optional[float] = None) -> Dict[str, Any]:
+        self.info = self._sb._http.json("GET", self._path(), timeout=timeout)
+        return self.info
+
+    def wait(self) -> Dict[str, Any]:
+        """Its record once it has exited (``exitCode``, ``verdict``, ``signal``…), however long that takes."""
+        while True:
+            self.info = self._sb._http.json("POST", self._path("/wait"), timeout=40.0)
+            if self.info["state"] == "exited":
+                return self.info
+
+    def kill(self, signal: str = "SIGKILL", timeout: Optional[float] = None) -> Dict[str, Any]:
+        self.info = self._sb._http.json("POST", self._path("/kill"), query={"signal": signal}, timeout=timeout)
+        return self.info
+
+    def write(self, data: Union[str, bytes], eof: bool = False, timeout: Optional[float] = None) -> None:
+        """Bytes for its stdin (a terminal: keys typed); ``eof`` closes it afterwards."""
+        body: Dict[str, Any] = {"text": data} if isinstance(data, str) else {"data": base64.b64encode(data).decode()}
+        if eof:
+            body["eof"] = True
+        self._sb._http.json("POST", self._path("/input"), body=body, timeout=timeout)
+
+    def close_stdin(self, timeout: Optional[float] = None) -> None:
+        self._sb._http.json("POST", self._path("/input"), body={"eof": True}, timeout=timeout)
+
+    def resize(self, cols: int, rows: int, timeout: Optional[float] = None) -> None:
+        self._sb._http.json("POST", self._path("/resize"), body={"cols": cols, "rows": rows}, timeout=timeout)
+
+    def output(self, stdout: int = 0, stderr: int = 0, follow: bool = True, timeout: Optional[float] = None) -> Iterator[Dict[str, Any]]:
+        """Its output from byte offsets: ``{"event": "stdout"|"stderr", "text", "offset"}``, ``gap``
+        (bytes dropped before they were asked for), then ``exit`` (or ``end`` with follow=False)."""
+        q = {"stdout": stdout, "stderr": stderr, "follow": None if follow else "0"}
+        res = self._sb._http.open("GET", self._path("/output"), query=q, headers={"accept": "text/event-stream"}, timeout=timeout or 3600.0)
+        try:
+            for ev in _sse(res):
+                if ev["event"] == "error":
+                    raise error_from(ev["data"])
+                yield {"event": ev["event"], **ev["data"]}
+                if ev["event"] in ("exit", "end"):
+                    return
+        finally:
+            res.close()
+
+
+class SandboxProcesses:
+    def __init__(self, sb: Sandbox) -> None:
+        self._sb = sb
+
+    def start(self, cmd: Command, cwd: Optional[str] = None, env: Optional[Dict[str, str]] = None, timeout_ms: Optional[int] = None,
+              buffer_bytes: Optional[int] = None, tag: Optional[str] = None, pty: Optional[Dict[str, int]] = None,
+              timeout: Optional[float] = None) -> Process:
+        """Starts a command (argv, or a string for /bin/sh -c) in the background; returns at once."""
+        body: Dict[str, Any] = {"cmd": cmd if isinstance(cmd, str) else list(cmd)}
+        for k, v in (("cwd", cwd), ("env", env), ("timeoutMs", timeout_ms), ("bufferBytes", buffer_bytes), ("tag", tag), ("pty", pty)):
+            if v is not None:
+                body[k] = v
+        return Process(self._sb, self._sb._http.json("POST", self._sb._path("/processes"), body=body, timeout=timeout))
+
+    def list(self, timeout: Optional[float] = None) -> List[Dict[str, Any]]:
+        return self._sb._http.json("GET", self._sb._path("/processes"), timeout=timeout)["processes"]
+
+    def get(self, id: str, timeout: Optional[float] = None) -> Process:
+        return Process(self._sb, self._sb._http.json("GET", self._sb._path(f"/processes/{_quote(id)}"), timeout=timeout))
 
 
 class SandboxFiles:

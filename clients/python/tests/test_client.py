@@ -42,6 +42,21 @@ class ClientTest(unittest.TestCase):
             time.sleep(0.1)
         self.assertNotIn("sleep 300", ps)
 
+    def test_processes(self):
+        p = self.sb.processes.start("while read l; do echo got $l; done; exit 4", tag="py")
+        p.write("one\n", eof=True)
+        done = p.wait()
+        self.assertEqual((done["state"], done["exitCode"], done["verdict"]), ("exited", 4, "OK"))
+        events = list(self.sb.processes.get(p.id).output(stdout=4))
+        self.assertEqual([(e["text"], e["offset"]) for e in events if e["event"] == "stdout"], [("one\n", 4)])
+        self.assertEqual(events[-1]["event"], "exit")
+        self.assertTrue(any(x["id"] == p.id and x.get("tag") == "py" for x in self.sb.processes.list()))
+        sleeper = self.sb.processes.start(["sleep", "1000"])
+        sleeper.kill()
+        self.assertEqual(sleeper.wait()["verdict"], "KILLED")
+        with self.assertRaises(NotFoundError):
+            self.sb.processes.get("p999")
+
     def test_files(self):
         data = bytes(range(256)) * 5000
         self.assertEqual(self.sb.files.write("/work/py/data.bin", data), len(data))

@@ -1,0 +1,211 @@
+/**
+ * A sandbox's background processes and terminals, as its node keeps them: a table of at most
+ * Limits.processes.liveMax running ones (and the most recent that exited), each with a bounded
+ * buffer per output stream and the readers that follow it.
+ *
+ * Output is addressed by byte offset in its stream, not by message: a reader says where it wants
+ * to start, gets a `gap` for what the buffer dropped before that, then every chunk with its offset.
+ * A reader that lost messages (a NATS outage) asks again from the last offset it has; nothing is
+ * numbered per reader, so any number of clients can read one process at once, or one after another.
+ *
+ * The table lives in the node's memory: a node restart ends its sandboxes (reason
+ * `node_restarted`) and their processes with them, so nothing here needs to outlive it.
+ */
+import { EXEC_KILLED, type ExecOutcome, type RunningProcess } from '../runtime/backend.ts';
+import { Limits, type ProcessEvent, type ProcessInfo, ProtocolError } from '../protocol/index.ts';
+
+type Which = 'out' | 'err';
+
+/** The newest bytes of one stream, with the offset of the first one still held. */
+export class Ring {
+  private readonly chunks: Array<{ at: number; d: Buffer }> = [];
+  /** Offset of the first byte held (= bytes dropped). */
+  start = 0;
+  /** Bytes written in all (= the next offset). */
+  total = 0;
+
+  constructor(private readonly max: number) {}
+
+  append(d: Buffer): number {
+    const at = this.total;
+    this.chunks.push({ at, d });
+    this.total += d.length;
+    // Dropped from the front, the oldest chunk cut when only part of it must go.
+    while (this.total - this.start > this.max) {
+      const first = this.chunks[0];
+      if (!first) break;
+      const over = this.total - this.start - this.max;
+      if (over >= first.d.length) {
+        this.chunks.shift();
+        this.start = first.at + first.d.length;
+      } else {
+        first.d = first.d.subarray(over);
+        first.at += over;
+        this.start = first.at;
+      }
+    }
+    return at;
+  }
+
+  /** What is held from `from` on, with what was asked for but is gone. */
+  from(from: number): { lost?: { o: number; bytes: number }; chunks: Array<{ at: number; d: Buffer }> } {
+    const chunks: Array<{ at: number; d: Buffer }> = [];
+    const lost = from < this.start ? { o: from, bytes: this.start - from } : undefined;
+    for (const c of this.chunks) {
+      const end = c.at + c.d.length;
+      if (end <= from) continue;
+      chunks.push(c.at >= from ? c : { at: from, d: c.d.subarray(from - c.at) });
+    }
+    return lost ? { lost, chunks } : { chunks };
+  }
+}
+
+interface Reader {
+  send: (ev: ProcessEvent) => void;
+}
+
+export class TrackedProcess {
+  readonly out: Ring;
+  readonly err: Ring;
+  info: ProcessInfo;
+  running?: RunningProcess;
+  /** The last signal the caller sent: a death by signal is then its doing (verdict KILLED). */
+  private sent?: string;
+  private readonly readers = new Map<string, Reader>();
+  private readonly waiters: Array<() => void> = [];
+  readonly abort = new AbortController();
+
+  constructor(id: string, cmd: string[], bufferBytes: number, extra: { tag?: string; pty?: { cols: number; rows: number } }) {
+    this.out = new Ring(bufferBytes);
+    this.err = new Ring(bufferBytes);
+    this.info = { id, cmd, state: 'running', startedAt: Date.now(), bytesOut: 0, bytesErr: 0, droppedOut: 0, droppedErr: 0, ...extra };
+  }
+
+  get exited(): boolean {
+    return this.info.state === 'exited';
+  }
+
+  /** The record with its counters as they are now. */
+  snapshot(): ProcessInfo {
+    return { ...this.info, bytesOut: this.out.total, bytesErr: this.err.total, droppedOut: this.out.start, droppedErr: this.err.start };
+  }
+
+  output(which: Which, d: Buffer): void {
+    const o = (which === 'out' ? this.out : this.err).append(d);
+    for (const r of this.readers.values()) r.send({ t: which, d, o });
+  }
+
+  ended(o: ExecOutcome | Error): void {
+    const exit: Extract<ProcessEvent, { t: 'exit' }> extends infer E ? Omit<E, 't'> : never =
+      o instanceof Error
+        ? { exitCode: 127, durationMs: Date.now() - this.info.startedAt, truncated: false, timedOut: false, verdict: 'OK' as const }
+        : { exitCode: o.exitCode, ...(o.signal ? { signal: o.signal } : {}), durationMs: o.durationMs, truncated: o.truncated, timedOut: o.timedOut, verdict: o.verdict ?? (o.timedOut ? 'TIMEOUT' : o.truncated ? 'OUTPUT_LIMIT' : 'OK') };
+    if (this.sent !== undefined && exit.signal !== undefined && (exit.verdict === 'OK' || exit.verdict === 'CANCELLED')) exit.verdict = 'KILLED';
+    this.info = { ...this.info, ...exit, state: 'exited', endedAt: Date.now() };
+    this.running = undefined;
+    for (const r of this.readers.values()) {
+      if (o instanceof Error) r.send({ t: 'error', error: { code: 'BACKEND_FAILED', message: o.message, retryable: false } });
+      else r.send({ t: 'exit', ...exit });
+    }
+    this.readers.clear();
+    for (const w of this.waiters.splice(0)) w();
+  }
+
+  /** Sends what is held from the offsets asked for, then (follow) every chunk as it comes until the exit. */
+  read(req: { out: number; err: number; follow: boolean; readerId?: string }, send: (ev: ProcessEvent) => void): void {
+    for (const which of ['out', 'err'] as const) {
+      const ring = which === 'out' ? this.out : this.err;
+      const held = ring.from(Math.min(req[which], ring.total));
+      if (held.lost) send({ t: 'gap', stream: which, o: held.lost.o, bytes: held.lost.bytes });
+      for (const c of held.chunks) send({ t: which, d: c.d, o: c.at });
+    }
+    if (this.exited) {
+      const { exitCode = 0, signal, durationMs = 0, truncated = false, timedOut = false, verdict = 'OK' } = this.info;
+      send({ t: 'exit', exitCode, ...(signal ? { signal } : {}), durationMs, truncated, timedOut, verdict });
+      return;
+    }
+    if (!req.follow) {
+      send({ t: 'end', out: this.out.total, err: this.err.total });
+      return;
+    }
+    const readerId = req.readerId ?? `r${Math.random().toString(36).slice(2)}`;
+    this.readers.delete(readerId);
+    this.readers.set(readerId, { send });
+    // Oldest first: a client that went away without cancelling is the one let go.
+    while (this.readers.size > Limits.processes.readersMax) {
+      const [oldest, r] = this.readers.entries().next().value as [string, Reader];
+      this.readers.delete(oldest);
+      r.send({ t: 'error', error: { code: 'CANCELLED', message: `more than ${Limits.processes.readersMax} readers follow process ${this.info.id}: the oldest was stopped`, retryable: false } });
+    }
+  }
+
+  unfollow(readerId: string): boolean {
+    return this.readers.delete(readerId);
+  }
+
+  /** Resolves at the exit, or after `ms`. */
+  wait(ms: number): Promise<void> {
+    if (this.exited) return Promise.resolve();
+    return new Promise((resolve) => {
+      const timer = setTimeout(resolve, ms);
+      this.waiters.push(() => {
+        clearTimeout(timer);
+        resolve();
+      });
+    });
+  }
+
+  async kill(signal: string): Promise<void> {
+    if (!this.running) return;
+    this.sent = signal;
+    await this.running.kill(signal);
+  }
+}
+
+export class ProcessTable {
+  private seq = 0;
+  private readonly procs = new Map<string, TrackedProcess>();
+
+  constructor(private readonly sandbox: string) {}
+
+  get live(): number {
+    let n = 0;
+    for (const p of this.procs.values()) if (!p.exited) n++;
+    return n;
+  }
+
+  /** A new entry, or PIDS_LIMIT when the sandbox runs as many as it may. */
+  add(cmd: string[], bufferBytes: number, extra: { tag?: string; pty?: { cols: number; rows: number } }): TrackedProcess {
+    if (this.live >= Limits.processes.liveMax) {
+      throw new ProtocolError('PIDS_LIMIT', `sandbox ${this.sandbox} runs ${Limits.processes.liveMax} background processes, as many as it may: wait for or kill one first`, { detail: { limit: Limits.processes.liveMax } });
+    }
+    const p = new TrackedProcess(`p${++this.seq}`, cmd, bufferBytes, extra);
+    this.procs.set(p.info.id, p);
+    return p;
+  }
+
+  remove(id: string): void {
+    this.procs.delete(id);
+  }
+
+  /** After an exit: the oldest exited entries beyond Limits.processes.exitedKept are forgotten. */
+  prune(): void {
+    const exited = [...this.procs.values()].filter((p) => p.exited);
+    for (const p of exited.slice(0, Math.max(0, exited.length - Limits.processes.exitedKept))) this.procs.delete(p.info.id);
+  }
+
+  get(id: string): TrackedProcess {
+    const p = this.procs.get(id);
+    if (!p) throw new ProtocolError('NOT_FOUND', `no process ${id} in sandbox ${this.sandbox} (it never was, or exited long enough ago to be forgotten)`, { detail: { id } });
+    return p;
+  }
+
+  list(): ProcessInfo[] {
+    return [...this.procs.values()].map((p) => p.snapshot());
+  }
+
+  /** The sandbox is ending: every running process is killed, its verdict KILLED. */
+  killAll(): void {
+    for (const p of this.procs.values()) if (!p.exited) p.abort.abort(EXEC_KILLED);
+  }
+}
