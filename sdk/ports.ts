@@ -120,7 +120,10 @@ class PortConnection extends Duplex {
 
   override _final(cb: (err?: Error | null) => void): void {
     // The server closed first: the node's side is gone with it, nothing to half-close.
-    if (this.closedRemote) return cb();
+    if (this.closedRemote) {
+      cb();
+      return;
+    }
     this.sb.call('ports.send', { connId: this.connId, end: true }).then(
       () => cb(),
       (e: Error) => cb(e),
