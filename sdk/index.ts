@@ -39,7 +39,7 @@ export type { Fn } from './fn.ts';
 export type { FnInvokeOptions, FnManyOptions, FnRequest, FnResult, FnTestOutcome } from './fn.ts';
 export type { Nodes } from './nodes.ts';
 export type { NodeInfo, NodeLayer, NodeLayers } from './nodes.ts';
-export type { Sandbox, SandboxFiles, SandboxNetwork } from './sandbox.ts';
+export type { FileChangeEvent, FileWatch, Sandbox, SandboxFiles, SandboxNetwork } from './sandbox.ts';
 export type { ExecOptions, ExecResult, ExecStreamEvent, ForkOptions } from './sandbox.ts';
 export type { SnapshotListOptions, Snapshots } from './snapshots.ts';
 export type { CallOptions } from './transport.ts';
