@@ -17,7 +17,13 @@ import { type FileHandle, lchown, lstat, mkdir, open, readdir, readlink, symlink
 import { Header, Parser, Pax, type ReadEntry } from 'tar';
 import { ProtocolError } from '../protocol/index.ts';
 
-const { O_RDONLY, O_WRONLY, O_CREAT, O_TRUNC, O_NOFOLLOW, O_NONBLOCK, O_DIRECTORY } = constants;
+const { O_RDONLY, O_WRONLY, O_CREAT, O_EXCL, O_TRUNC, O_NOFOLLOW, O_NONBLOCK, O_DIRECTORY } = constants;
+/** The process's umask (read once: reading it sets it, for a moment). */
+const UMASK = (() => {
+  const m = process.umask(0o022);
+  process.umask(m);
+  return m | 0o022;
+})();
 
 /** What the tree functions need of a sandbox's files API (RootFiles gives it). */
 export interface TreeRoot {
@@ -29,6 +35,8 @@ export interface TreeRoot {
   device(): Promise<number | undefined>;
   /** Allocates a file range on the sandbox's account before it is written (DISK_LIMIT past its layer). */
   charge?(fd: number, offset: number, length: number): Promise<void>;
+  /** The same for several ranges at once. */
+  chargeMany?(ranges: Array<{ fd: number; offset: number; length: number }>): Promise<void>;
   /** The write rate limit of the root (files.ts's token bucket). */
   spend(bytes: number): Promise<void>;
 }
@@ -44,6 +52,24 @@ const viaFdBytes = (fd: number, name: Buffer) => Buffer.concat([Buffer.from(`/pr
 const errnoOf = (e: unknown) => (e as NodeJS.ErrnoException | undefined)?.code;
 
 /** Entry types that are refused: what they would make is either a way out of the root or a device. */
+/**
+ * Files up to this size are written in batches (BATCH_FILES or BATCH_BYTES at a time): opened as
+ * they come, their bytes held, then charged to the sandbox in one call and written. One charge is a
+ * spawner run (~5 ms here): charged one by one, 10,000 small files took 50 s.
+ */
+const SMALL_FILE = 64 * 1024;
+const BATCH_FILES = 128;
+const BATCH_BYTES = 1024 * 1024;
+
+interface Pending {
+  fh: FileHandle;
+  parent: string[];
+  name: string;
+  data: Buffer;
+  mode: number;
+  mtime?: Date;
+}
+
 const REFUSED: Record<string, string> = {
   Link: 'a hardlink',
   CharacterDevice: 'a character device',
@@ -70,6 +96,9 @@ export class TarUpload {
   private open?: { fh: FileHandle; dir: FileHandle; name: string; written: number; path: string };
   private ended = false;
   private closed = false;
+  /** Small files opened and waiting to be written together (SMALL_FILE). */
+  private batch: Pending[] = [];
+  private batchBytes = 0;
 
   private constructor(
     private readonly root: TreeRoot,
@@ -116,12 +145,15 @@ export class TarUpload {
     if (!this.error) this.error = new ProtocolError('CANCELLED', `${this.shown}: the upload was abandoned`);
     await this.chain.catch(() => {});
     await this.discardOpen();
+    await this.discardBatch();
     await this.cached?.fh.close().catch(() => {});
     this.cached = undefined;
     await this.dest.close().catch(() => {});
   }
 
   private async settle(): Promise<UploadProgress> {
+    // A chunk is answered once its files are on disk, held small ones included.
+    this.enqueue(() => this.flush());
     await this.chain.catch(() => {});
     if (this.error) {
       await this.close();
@@ -131,6 +163,8 @@ export class TarUpload {
   }
 
   private failLater(e: unknown): void {
+    // The small files held before the failing entry are written: they are among what stays.
+    this.enqueue(() => this.flush());
     this.chain = this.chain.then(() => this.failWith(e));
   }
 
@@ -162,16 +196,18 @@ export class TarUpload {
       return;
     }
     const mode = (e.mode ?? 0o644) & 0o7777;
-    const then = (fn: () => Promise<void>) => {
-      this.chain = this.chain.then(async () => {
-        if (this.error) return;
-        try {
-          await fn();
-        } catch (err) {
-          this.failWith(err);
-        }
+    if (e.type !== 'SymbolicLink' && e.type !== 'Directory' && e.size <= SMALL_FILE) {
+      const data: Buffer[] = [];
+      e.on('data', (d: Buffer) => data.push(d));
+      e.on('end', () => this.enqueue(() => this.hold(parts, mode, e.mtime, Buffer.concat(data), e.path)));
+      return;
+    }
+    // Anything else waits for the held small files: a later entry may replace one of them.
+    const then = (fn: () => Promise<void>) =>
+      this.enqueue(async () => {
+        await this.flush();
+        await fn();
       });
-    };
     if (e.type === 'Directory') {
       if (parts.length > 0) then(() => this.makeDir(parts, mode, e.path));
       e.resume();
@@ -191,6 +227,81 @@ export class TarUpload {
     then(() => this.openFile(parts, mode, e.path));
     e.on('data', (d: Buffer) => then(() => this.writeData(d)));
     e.on('end', () => then(() => this.closeFile(mode, e.mtime)));
+  }
+
+  /** Queues `fn` behind the work before it; skipped once the upload has failed. (Not `then`: that would make the upload a thenable.) */
+  private enqueue(fn: () => Promise<void>): void {
+    this.chain = this.chain.then(async () => {
+      if (this.error) return;
+      try {
+        await fn();
+      } catch (err) {
+        this.failWith(err);
+      }
+    });
+  }
+
+  /** Opens a small file now, writes it with the rest of its batch (flush). */
+  private async hold(parts: string[], mode: number, mtime: Date | undefined, data: Buffer, entry: string): Promise<void> {
+    const parent = parts.slice(0, -1);
+    const dir = await this.dir(parent, entry);
+    const name = parts[parts.length - 1] as string;
+    // Twice in one batch: the earlier copy is written first, as the archive says.
+    if (this.batch.some((p) => p.name === name && p.parent.join('/') === parent.join('/'))) {
+      await this.flush();
+      return this.hold(parts, mode, mtime, data, entry);
+    }
+    // Most names are new: O_EXCL makes a new regular file or fails, so no lstat before and no
+    // fstat after (8 calls a file were 5.8 s of 10,000 files; each is a thread-pool round trip).
+    const p = viaFd(dir.fd, name);
+    let fh = await open(p, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_NONBLOCK, mode & 0o777).catch((e: unknown) => {
+      if (errnoOf(e) === 'EEXIST') return null;
+      throw e;
+    });
+    if (!fh) {
+      await this.clear(dir, name, entry);
+      fh = await open(p, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_NONBLOCK, mode & 0o777);
+    }
+    this.batch.push({ fh, parent, name, data, mode, ...(mtime ? { mtime } : {}) });
+    this.batchBytes += data.length;
+    if (this.root.owner) await fh.chown(this.root.owner.uid, this.root.owner.gid);
+    if (this.batch.length >= BATCH_FILES || this.batchBytes >= BATCH_BYTES) await this.flush();
+  }
+
+  private async flush(): Promise<void> {
+    const batch = this.batch;
+    if (batch.length === 0) return;
+    await this.root.spend(this.batchBytes);
+    const ranges = batch.filter((p) => p.data.length > 0).map((p) => ({ fd: p.fh.fd, offset: 0, length: p.data.length }));
+    if (this.root.chargeMany) await this.root.chargeMany(ranges);
+    else if (this.root.charge) for (const r of ranges) await this.root.charge(r.fd, r.offset, r.length);
+    while (batch.length > 0) {
+      const p = batch[0] as Pending;
+      let done = 0;
+      while (done < p.data.length) {
+        const { bytesWritten } = await p.fh.write(p.data, done, p.data.length - done, done);
+        done += bytesWritten;
+      }
+      // open's mode went through the umask, which only ever takes the group and other write bits.
+      if (p.mode & (0o7000 | UMASK)) await p.fh.chmod(p.mode);
+      if (p.mtime) await p.fh.utimes(p.mtime, p.mtime);
+      await p.fh.close();
+      batch.shift();
+      this.batchBytes -= p.data.length;
+      this.entries++;
+      this.bytes += p.data.length;
+    }
+  }
+
+  /** Held files not written when the upload failed are removed: none of them is left empty as if whole. */
+  private async discardBatch(): Promise<void> {
+    const batch = this.batch.splice(0);
+    this.batchBytes = 0;
+    for (const p of batch) {
+      await p.fh.close().catch(() => {});
+      const dir = await this.dir(p.parent, p.name).catch(() => null);
+      if (dir) await unlink(viaFd(dir.fd, p.name)).catch(() => {});
+    }
   }
 
   /** An fd of dest/parts, made where missing; never through a symlink or onto another filesystem. */

@@ -115,6 +115,8 @@ export class RootFiles implements TreeRoot, WatchRoot {
        * 0.23 MiB and cost the node 949 MiB).
        */
       charge?: (fd: number, offset: number, length: number) => Promise<void>;
+      /** `charge` for several ranges at once (what one charge costs is its call, not its bytes). */
+      chargeMany?: (ranges: Array<{ fd: number; offset: number; length: number }>) => Promise<void>;
     } = {},
   ) {}
 
@@ -335,6 +337,13 @@ export class RootFiles implements TreeRoot, WatchRoot {
   /** @internal (TreeRoot) */
   charge(fd: number, offset: number, length: number): Promise<void> {
     return this.opts.charge ? this.opts.charge(fd, offset, length) : Promise.resolve();
+  }
+
+  /** @internal (TreeRoot) */
+  async chargeMany(ranges: Array<{ fd: number; offset: number; length: number }>): Promise<void> {
+    if (ranges.length === 0) return;
+    if (this.opts.chargeMany) return this.opts.chargeMany(ranges);
+    for (const r of ranges) await this.charge(r.fd, r.offset, r.length);
   }
 
   /** @internal (TreeRoot) */

@@ -186,6 +186,15 @@ test('upload past the sandbox disk size ends in DISK_LIMIT and removes the file 
   t.is((await sb.exec('cat /big/small.txt; ls /big')).stdout, 'smallsmall.txt\n');
   // The sandbox can write again: the space the cut file took was given back.
   t.is((await sb.exec('echo ok > /big/after && cat /big/after')).stdout, 'ok\n');
+
+  // Many small files (written in batches) past the limit: those that stay are whole, none is left empty.
+  await sb.exec('rm -f /big/after; mkdir /big/many');
+  const many: TarEntry[] = [];
+  for (let i = 0; i < 400; i++) many.push({ path: `f${i}`, data: Buffer.alloc(60 * 1024, i % 256) });
+  t.is(codeOf(await t.throwsAsync(sb.files.upload(tarBytes(many), '/big/many'))), 'DISK_LIMIT');
+  const sizes = (await sb.exec('ls -l /big/many | grep -c " 61440 "; ls /big/many | wc -l')).stdout.trim().split(/\s+/);
+  t.true(Number(sizes[1]) > 0 && Number(sizes[1]) < 400, `${sizes[1]} files`);
+  t.is(sizes[0], sizes[1], 'every file left is whole');
 });
 
 test('10,000 small files upload as one archive', async (t) => {
