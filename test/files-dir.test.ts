@@ -2,6 +2,9 @@ import { chmod, mkdir, mkdtemp, readFile, rm, stat, symlink, writeFile } from 'n
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Header, Parser, type ReadEntry } from 'tar';
+import { connect } from '@nats-io/transport-node';
+import { randomBytes } from 'node:crypto';
+import { decode, encode, subjects } from '../protocol/index.ts';
 import type { FileChangeEvent, FileWatch, Sandbox } from '../sdk/index.ts';
 import { clusterTest } from './helpers/cluster.ts';
 
@@ -120,6 +123,15 @@ test('download walks without following symlinks and leaves /proc out; a single f
   t.true(all.has('bin/busybox') || all.has('bin/sh'));
   t.false([...all.keys()].some((k) => k.startsWith('proc/')));
   await t.throwsAsync(sb.files.download('/nope').toArray(), { code: 'NOT_FOUND' } as never);
+  // A file larger than a chunk comes back byte for byte.
+  const big = randomBytes(3 * 1024 * 1024 + 7);
+  await sb.files.write('/d/big.bin', big);
+  const got = await new Promise<Buffer>((resolve, reject) => {
+    const parser = new Parser({ strict: true, onReadEntry: (e: ReadEntry) => { const parts: Buffer[] = []; e.on('data', (d: Buffer) => parts.push(d)); e.on('end', () => resolve(Buffer.concat(parts))); } });
+    parser.on('error', reject);
+    sb.files.download('/d/big.bin').on('data', (d: Buffer) => parser.write(d)).on('end', () => parser.end()).on('error', reject);
+  });
+  t.true(got.equals(big));
 });
 
 test('upload refuses what would leave the root or is no plain file, with stable codes, and writes nothing outside', async (t) => {
@@ -278,6 +290,33 @@ test('watch stays inside the sandbox, and ends when the sandbox is killed', asyn
   await sb.kill();
   const timer = new Promise<'hung'>((r) => setTimeout(() => r('hung'), 20_000));
   t.not(await Promise.race([ended, timer]), 'hung', 'the watch ended with the sandbox');
+});
+
+test('a watch whose caller stops renewing its lease ends on the node', async (t) => {
+  const sb = await t.context.pdk.sandboxes.create({});
+  t.teardown(() => sb.kill());
+  await sb.exec('mkdir /lease');
+  // A caller that starts a watch and goes silent (a process that died, say): no renewals.
+  const nc = await connect({ servers: t.context.cluster.url });
+  t.teardown(() => nc.close());
+  const inbox = `_INBOX.lease${Math.random().toString(36).slice(2)}`;
+  const seen: Array<{ t: string; reason?: string }> = [];
+  const ended = new Promise<void>((resolve) => {
+    nc.subscribe(inbox, {
+      callback: (_e, m) => {
+        const ev = decode(m.data) as { t: string; reason?: string };
+        seen.push(ev);
+        if (ev.t === 'end') resolve();
+      },
+    });
+  });
+  nc.publish(subjects.sandbox(sb.id, 'files.watch'), encode({ watchId: 'silent', path: '/lease', recursive: true }), { reply: inbox });
+  await Promise.race([ended, new Promise((r) => setTimeout(r, 25_000))]);
+  t.deepEqual(seen.map((e) => e.t), ['ready', 'end']);
+  t.is(seen[1]?.reason, 'expired');
+  // The node no longer knows it.
+  const renew = decode((await nc.request(subjects.sandbox(sb.id, 'files.watch.renew'), encode({ watchId: 'silent' }))).data) as { result: { watching: boolean } };
+  t.false(renew.result.watching);
 });
 
 test('a local directory with a hardlinked file uploads (the link goes as a copy)', async (t) => {
