@@ -16,6 +16,7 @@ import { constants } from 'node:fs';
 import { type FileHandle, lchown, lstat, mkdir, open, readdir, readlink, symlink, unlink } from 'node:fs/promises';
 import { Header, Parser, Pax, type ReadEntry } from 'tar';
 import { ProtocolError } from '../protocol/index.ts';
+import { Semaphore } from './limit.ts';
 
 const { O_RDONLY, O_WRONLY, O_CREAT, O_EXCL, O_TRUNC, O_NOFOLLOW, O_NONBLOCK, O_DIRECTORY } = constants;
 /** The process's umask (read once: reading it sets it, for a moment). */
@@ -60,6 +61,12 @@ const errnoOf = (e: unknown) => (e as NodeJS.ErrnoException | undefined)?.code;
 const SMALL_FILE = 64 * 1024;
 const BATCH_FILES = 128;
 const BATCH_BYTES = 1024 * 1024;
+
+/**
+ * Upload chunks being unpacked at once, node-wide: each may hold a batch of open files (BATCH_FILES),
+ * and the node's fds are one table for every sandbox (its hard limit here is 20,000).
+ */
+const unpacking = new Semaphore(8);
 
 interface Pending {
   fh: FileHandle;
@@ -119,12 +126,18 @@ export class TarUpload {
 
   async write(chunk: Uint8Array): Promise<UploadProgress> {
     if (this.ended) throw new ProtocolError('INVALID_REQUEST', `${this.shown}: the upload has ended`);
-    if (!this.error) this.parser.write(Buffer.from(chunk.buffer, chunk.byteOffset, chunk.byteLength));
-    return this.settle();
+    return unpacking.run(() => {
+      if (!this.error) this.parser.write(Buffer.from(chunk.buffer, chunk.byteOffset, chunk.byteLength));
+      return this.settle();
+    });
   }
 
   /** The archive ends here: it must be complete. */
-  async end(chunk?: Uint8Array): Promise<UploadProgress> {
+  end(chunk?: Uint8Array): Promise<UploadProgress> {
+    return unpacking.run(() => this.finish(chunk));
+  }
+
+  private async finish(chunk?: Uint8Array): Promise<UploadProgress> {
     if (chunk && chunk.length > 0 && !this.error) this.parser.write(Buffer.from(chunk.buffer, chunk.byteOffset, chunk.byteLength));
     this.ended = true;
     if (!this.error) {
