@@ -44,6 +44,7 @@ import { Attr } from '../protocol/trace.ts';
 import { type Request, STREAMED, serve, tracer } from './bind.ts';
 import { ExecStream, STREAM_KEEP_MS } from './exec-stream.ts';
 import { PortSessions } from './port-sessions.ts';
+import { FileTransfers } from './file-transfers.ts';
 import type { Inspector } from './inspect.ts';
 import { ProcessTable } from './processes.ts';
 import { allows, isAsleep, isFinal, publicState, type SandboxContext, type SandboxEvent, sandboxMachine } from './sandbox.ts';
@@ -155,6 +156,8 @@ export class SandboxHost {
   readonly processes: ProcessTable;
   /** Streamed execs, running and recently ended (STREAM_KEEP_MS), by execId. */
   private readonly streams = new Map<string, ExecStream>();
+  /** Directory uploads, downloads and watches under way. */
+  readonly transfers: FileTransfers;
   /**
    * Execs of this sandbox starting at once; the rest wait their turn. Starting one (`crun exec`:
    * joining the namespaces and cgroups) costs the node's CPU, not the sandbox's quota: 1,000
@@ -208,6 +211,7 @@ export class SandboxHost {
       ...(deps.clock ? { clock: deps.clock } : {}),
       ...(deps.inspect ? { inspect: deps.inspect } : {}),
     });
+    this.transfers = new FileTransfers(() => deps.backend.files(id), spec.backend, deps.nc, () => this.log);
     hosts.set(this.actor.system, this);
     this.actor.subscribe((snap) => this.onSnapshot(publicState(snap.value), snap.context));
   }
@@ -345,6 +349,7 @@ export class SandboxHost {
       else this.waiters.push(w);
     }
     if (isFinal(state)) {
+      this.transfers.closeAll();
       this.sub?.unsubscribe();
       this.deps.onFinal(this);
     }
@@ -664,6 +669,16 @@ const HANDLERS: Record<SandboxVerb, (h: SandboxHost, req: Request) => Promise<un
     await h.backend.files(h.id).remove(b.path, b.recursive === true);
     return {};
   },
+  'files.upload': (h, req) => h.transfers.upload(validateSandboxRequest('files.upload', req.body)),
+  'files.download': (h, req) => h.transfers.download(validateSandboxRequest('files.download', req.body)),
+  'files.watch': async (h, req) => {
+    const b = validateSandboxRequest('files.watch', req.body);
+    if (!req.msg.reply) throw new ProtocolError('INVALID_REQUEST', 'files.watch needs a reply subject');
+    await h.transfers.watch(b, req.msg.reply);
+    return STREAMED;
+  },
+  'files.watch.renew': async (h, req) => h.transfers.renew(validateSandboxRequest('files.watch.renew', req.body).watchId),
+  'files.watch.cancel': async (h, req) => h.transfers.cancel(validateSandboxRequest('files.watch.cancel', req.body).watchId),
   'network.set': async (h, req) => {
     const policy = validateSandboxRequest('network.set', req.body).policy ?? {};
     await h.backend.setNetwork?.(h.id, policy);

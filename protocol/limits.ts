@@ -34,7 +34,8 @@ export const Limits = {
     cols: { min: 1, max: 1000, default: 80 },
     rows: { min: 1, max: 1000, default: 24 },
   },
-  files: { pathMax: 4096, chunkMax: 4 * 1024 * 1024 },
+  /** watchLeaseMs: a watch not renewed for this long ends (the SDK renews every third of it). */
+  files: { pathMax: 4096, chunkMax: 4 * 1024 * 1024, watchLeaseMs: 15_000 },
   /** Full VMs: screen sizes, how much one `type` may carry, how long `wait`/`hold_key` may last, actions queued per sandbox. */
   display: { widthMin: 320, widthMax: 3840, heightMin: 200, heightMax: 2160, width: 1024, height: 768, typeMax: 4096, keysMax: 16, scrollMax: 100, durationMaxSec: 30, queueMax: 64 },
   /** Largest request accepted before decoding: a sandbox verb (a 4 MiB file chunk or stdin + room). */

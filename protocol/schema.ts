@@ -455,6 +455,82 @@ export type FilesListReply = Static<typeof FilesListReply>;
 export const FilesRemoveRequest = Type.Object({ path: SandboxPath, recursive: Type.Optional(Type.Boolean()) }, { $id: 'FilesRemoveRequest' });
 export type FilesRemoveRequest = Static<typeof FilesRemoveRequest>;
 
+// Directory trees move as tar archives, in chunks of at most chunkMax, each one a request and its
+// reply: the caller sends (or asks for) the next chunk only once the node has answered the last,
+// so neither side holds more than a chunk and the node's event loop sets the pace.
+export const FilesUploadRequest = Type.Object(
+  {
+    uploadId: Token('names the upload; every chunk of it carries the same id'),
+    path: SandboxPath,
+    seq: Count('the chunk’s number: 0, 1, 2, … (a chunk sent again after a lost reply is answered again, not written twice)'),
+    data: Bytes('the next bytes of the tar archive', Limits.files.chunkMax),
+    end: Type.Optional(Type.Boolean({ description: 'the last chunk: the archive must be complete here' })),
+  },
+  { $id: 'FilesUploadRequest' },
+);
+export type FilesUploadRequest = Static<typeof FilesUploadRequest>;
+export const FilesUploadReply = Type.Object(
+  {
+    entries: Count('entries written so far (files, directories, symlinks)'),
+    bytes: Count('file bytes written so far'),
+    done: Type.Boolean({ description: 'the archive is complete and every entry of it written' }),
+  },
+  { $id: 'FilesUploadReply' },
+);
+export type FilesUploadReply = Static<typeof FilesUploadReply>;
+
+export const FilesDownloadRequest = Type.Object(
+  {
+    downloadId: Token('names the download; every pull of it carries the same id'),
+    path: SandboxPath,
+    seq: Count('the chunk wanted: 0, 1, 2, … (asking for the last one again gets it again)'),
+    cancel: Type.Optional(Type.Boolean({ description: 'the caller stops here: the node drops the download' })),
+  },
+  { $id: 'FilesDownloadRequest' },
+);
+export type FilesDownloadRequest = Static<typeof FilesDownloadRequest>;
+export const FilesDownloadReply = Type.Object(
+  { data: Bytes('the next bytes of the tar archive'), eof: Type.Boolean({ description: 'the archive ends with these bytes' }) },
+  { $id: 'FilesDownloadReply' },
+);
+export type FilesDownloadReply = Static<typeof FilesDownloadReply>;
+
+export const FileChanges = ['created', 'modified', 'removed'] as const;
+export type FileChange = (typeof FileChanges)[number];
+export const FilesWatchRequest = Type.Object(
+  {
+    watchId: Token('names the watch (for renew and cancel)'),
+    path: SandboxPath,
+    recursive: Type.Optional(Type.Boolean({ description: 'also every directory below (made later ones included)' })),
+  },
+  { $id: 'FilesWatchRequest' },
+);
+export type FilesWatchRequest = Static<typeof FilesWatchRequest>;
+/** What a watch sends to the caller's inbox: `ready` first, then changes, then `end` (or `error`). */
+export const FileWatchEvent = Type.Union(
+  [
+    Type.Object({ t: Type.Literal('ready'), s: Count('sequence number') }),
+    Type.Object({
+      t: Type.Literal('change'),
+      s: Count('sequence number'),
+      type: literals(FileChanges),
+      path: Type.String({ description: 'absolute path inside the sandbox; a name that is not valid UTF-8 has U+FFFD where its bad bytes are (see pathBytes)' }),
+      pathBytes: Type.Optional(Bytes('the path exactly, set when it is not valid UTF-8')),
+    }),
+    Type.Object({ t: Type.Literal('end'), s: Count('sequence number'), reason: Type.String({ description: 'why the watch ended: cancelled, expired, removed (the watched directory), sandbox_ended' }) }),
+    Type.Object({ t: Type.Literal('error'), s: Count('sequence number'), error: WireErrorSchema }),
+  ],
+  { $id: 'FileWatchEvent' },
+);
+export type FileWatchEvent = Static<typeof FileWatchEvent>;
+export const FilesWatchLeaseRequest = Type.Object({ watchId: Token('the watch’s id') }, { $id: 'FilesWatchLeaseRequest' });
+export type FilesWatchLeaseRequest = Static<typeof FilesWatchLeaseRequest>;
+export const FilesWatchLeaseReply = Type.Object(
+  { watching: Type.Boolean({ description: 'false: no such watch (it ended, expired, or never was)' }), leaseMs: Count('the watch ends this long after its last renewal') },
+  { $id: 'FilesWatchLeaseReply' },
+);
+export type FilesWatchLeaseReply = Static<typeof FilesWatchLeaseReply>;
+
 // ─── Display (full VMs) ──────────────────────────────────────────────────────────────────────────
 
 /** The computer-use action set, with the argument names computer-use harnesses send. */
@@ -866,6 +942,14 @@ export const NamedSchemas: Record<string, TSchema> = {
   FilesListReply,
   FileEntry,
   FilesRemoveRequest,
+  FilesUploadRequest,
+  FilesUploadReply,
+  FilesDownloadRequest,
+  FilesDownloadReply,
+  FilesWatchRequest,
+  FileWatchEvent,
+  FilesWatchLeaseRequest,
+  FilesWatchLeaseReply,
   NetworkSetRequest,
   NetworkSetReply,
   GroupReply,

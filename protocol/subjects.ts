@@ -152,6 +152,11 @@ const RESENDABLE = new Set([
   'exec.resume',
   'files.read',
   'files.list',
+  // Numbered chunks: one sent again is answered again, never applied twice.
+  'files.upload',
+  'files.download',
+  'files.watch.renew',
+  'files.watch.cancel',
   'stats',
   'display.screenshot',
   'display.view',

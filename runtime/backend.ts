@@ -7,7 +7,7 @@
 
 import type { Duplex } from 'node:stream';
 import type { Logger } from 'pino';
-import type { BackendKind, ComputerAction, ExecVerdict, FileEntry, NetworkPolicy, Resources, SandboxSpec, SandboxStats } from '../protocol/index.ts';
+import type { BackendKind, ComputerAction, ExecVerdict, FileChange, FileEntry, NetworkPolicy, Resources, SandboxSpec, SandboxStats } from '../protocol/index.ts';
 import type { NodeConfig } from './config.ts';
 import type { NodeImages } from './images/node-images.ts';
 
@@ -49,6 +49,27 @@ export interface SandboxFiles {
   write(path: string, data: Uint8Array, opts?: { offset?: number; mode?: number }): Promise<{ size: number }>;
   list(path: string): Promise<FileEntry[]>;
   remove(path: string, recursive: boolean): Promise<void>;
+  /**
+   * Unpacks a tar archive into the existing directory `path`, fed chunk by chunk: each `write`
+   * resolves once the chunk's entries are written. Backends without it refuse `files.upload`.
+   */
+  upload?(path: string): Promise<TreeUpload>;
+  /** A tar archive of `path` (symlinks as symlinks), pulled piece by piece. Backends without it refuse `files.download`. */
+  download?(path: string): AsyncGenerator<Uint8Array, void, undefined>;
+  /**
+   * Reports changes in the directory `path` (and below it, recursive) until closed; resolves once
+   * watching. `onEnd` is called when the watch ends by itself. Backends without it refuse `files.watch`.
+   */
+  watch?(path: string, recursive: boolean, onChange: (ev: { type: FileChange; path: string; pathBytes?: Uint8Array }) => void, onEnd: (reason: 'removed' | Error) => void): Promise<{ close(): void }>;
+}
+
+/** An upload under way (SandboxFiles.upload). */
+export interface TreeUpload {
+  write(chunk: Uint8Array): Promise<{ entries: number; bytes: number; done: boolean }>;
+  /** The last chunk: the archive must be complete. */
+  end(chunk?: Uint8Array): Promise<{ entries: number; bytes: number; done: boolean }>;
+  /** Stops where it is; what was written stays. */
+  close(): Promise<void>;
 }
 
 /** What a hibernation gave back to the host. Every field is optional: each backend says what it can. */

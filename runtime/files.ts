@@ -19,6 +19,8 @@ import { type FileHandle, lstat, mkdir, open, readdir, readlink, rmdir, stat, un
 import { join } from 'node:path';
 import type { FileEntry, FileType } from '../protocol/index.ts';
 import { Limits, ProtocolError } from '../protocol/index.ts';
+import { TarUpload, type TreeRoot, tarOf } from './files-tree.ts';
+import { TreeWatch, type WatchEvent, type WatchRoot } from './files-watch.ts';
 import { emptyTree as emptyTreeInWorker } from './tree-remove.ts';
 
 const { O_RDONLY, O_WRONLY, O_CREAT, O_TRUNC, O_NOFOLLOW, O_NONBLOCK, O_DIRECTORY } = constants;
@@ -94,7 +96,7 @@ function fail(e: unknown, path: string): never {
 
 const viaFd = (fd: number, name: string) => `/proc/self/fd/${fd}/${name}`;
 
-export class RootFiles {
+export class RootFiles implements TreeRoot, WatchRoot {
   /**
    * `oneFilesystem`: never walk into a directory on another filesystem than the root's — a root
    * reached through a process's /proc/<pid>/root has that process's /proc, /dev and /sys mounted
@@ -103,7 +105,7 @@ export class RootFiles {
    */
   constructor(
     readonly root: string,
-    private readonly owner?: Owner,
+    readonly owner?: Owner,
     private readonly opts: {
       oneFilesystem?: boolean;
       /**
@@ -113,6 +115,8 @@ export class RootFiles {
        * 0.23 MiB and cost the node 949 MiB).
        */
       charge?: (fd: number, offset: number, length: number) => Promise<void>;
+      /** `charge` for several ranges at once (what one charge costs is its call, not its bytes). */
+      chargeMany?: (ranges: Array<{ fd: number; offset: number; length: number }>) => Promise<void>;
     } = {},
   ) {}
 
@@ -295,6 +299,66 @@ export class RootFiles {
     } catch (e) {
       fail(e, path);
     }
+  }
+
+  /** @internal (TreeRoot) an fd of the existing directory `path`, resolved as list resolves it. */
+  async openDirectory(path: string): Promise<FileHandle> {
+    try {
+      return await this.openDir(await this.resolve(path, true), false);
+    } catch (e) {
+      if (errnoOf(e) === 'ENOTDIR') throw new ProtocolError('INVALID_REQUEST', `${path}: not a directory`, { detail: { reason: 'not_a_directory' } });
+      fail(e, path);
+    }
+  }
+
+  /** @internal (WatchRoot) an fd of the directory at already resolved components. */
+  openParts(parts: string[]): Promise<FileHandle> {
+    return this.openDir(parts, false);
+  }
+
+  /**
+   * Watches the directory `path` (files-watch.ts): resolves once watching. `onEnd` is called if the
+   * watch ends by itself (the directory removed, a limit reached).
+   */
+  async watch(path: string, recursive: boolean, onChange: (ev: WatchEvent) => void, onEnd: (reason: 'removed' | ProtocolError) => void): Promise<{ close(): void }> {
+    try {
+      return await TreeWatch.start(this, path, recursive, onChange, onEnd);
+    } catch (e) {
+      if (errnoOf(e) === 'ENOTDIR') throw new ProtocolError('INVALID_REQUEST', `${path}: not a directory`, { detail: { reason: 'not_a_directory' } });
+      fail(e, path);
+    }
+  }
+
+  /** @internal (TreeRoot) */
+  async device(): Promise<number | undefined> {
+    return this.opts.oneFilesystem ? (await stat(this.root)).dev : undefined;
+  }
+
+  /** @internal (TreeRoot) */
+  charge(fd: number, offset: number, length: number): Promise<void> {
+    return this.opts.charge ? this.opts.charge(fd, offset, length) : Promise.resolve();
+  }
+
+  /** @internal (TreeRoot) */
+  async chargeMany(ranges: Array<{ fd: number; offset: number; length: number }>): Promise<void> {
+    if (ranges.length === 0) return;
+    if (this.opts.chargeMany) return this.opts.chargeMany(ranges);
+    for (const r of ranges) await this.charge(r.fd, r.offset, r.length);
+  }
+
+  /** @internal (TreeRoot) */
+  spend(bytes: number): Promise<void> {
+    return spend(this.root, bytes);
+  }
+
+  /** Unpacks a tar archive, fed in chunks, into the existing directory `path` (files-tree.ts). */
+  upload(path: string): Promise<TarUpload> {
+    return TarUpload.start(this, path);
+  }
+
+  /** A tar archive of `path`, pulled piece by piece (files-tree.ts). */
+  download(path: string): AsyncGenerator<Uint8Array, void, undefined> {
+    return tarOf(this, path);
   }
 
   async remove(path: string, recursive: boolean): Promise<void> {

@@ -223,19 +223,25 @@ static void own_mounts(int errw, const struct run *r) {
 }
 
 /*
- * `@charge <cgroup.procs> <file> <offset> <length>`, run in place of a program: joins the cgroup
- * (a sandbox's memory cgroup) and allocates the range of the file there, so that the pages of a
- * tmpfs write the node then makes into them are charged to the sandbox, not to the node. Exits
- * with fallocate's errno, 0 when done.
+ * `@charge <cgroup.procs> <file> <offset> <length> [<file> <offset> <length>]...`, run in place
+ * of a program: joins the cgroup (a sandbox's memory cgroup) and allocates each range of each file
+ * there, so that the pages of a tmpfs write the node then makes into them are charged to the
+ * sandbox, not to the node. Several ranges in one run because the run, not the fallocate, is the
+ * cost (~5 ms): a tar upload of 10,000 small files charged one by one spent 50 s on it. Exits with
+ * the first failing fallocate's errno, 0 when all are done.
  */
 static void __attribute__((noreturn)) charge(int errw, const struct run *r) {
   if (!r->argv[1] || !r->argv[2] || !r->argv[3] || !r->argv[4]) fail(errw, 125, "@charge: 4 arguments");
   int c = open(r->argv[1], O_WRONLY | O_CLOEXEC);
   if (c < 0 || write(c, "0", 1) != 1) fail(errw, 125, "join %s", r->argv[1]);
   close(c);
-  int fd = open(r->argv[2], O_WRONLY | O_CLOEXEC);
-  if (fd < 0) fail(errw, 125, "open %s", r->argv[2]);
-  if (fallocate(fd, FALLOC_FL_KEEP_SIZE, atoll(r->argv[3]), atoll(r->argv[4])) < 0) _exit(errno);
+  for (int i = 2; r->argv[i]; i += 3) {
+    if (!r->argv[i + 1] || !r->argv[i + 2]) fail(errw, 125, "@charge: ranges come in threes");
+    int fd = open(r->argv[i], O_WRONLY | O_CLOEXEC);
+    if (fd < 0) fail(errw, 125, "open %s", r->argv[i]);
+    if (fallocate(fd, FALLOC_FL_KEEP_SIZE, atoll(r->argv[i + 1]), atoll(r->argv[i + 2])) < 0) _exit(errno);
+    close(fd);
+  }
   _exit(0);
 }
 

@@ -40,7 +40,7 @@ export type { FnInvokeOptions, FnManyOptions, FnRequest, FnResult, FnTestOutcome
 export type { Nodes } from './nodes.ts';
 export type { NodeInfo, NodeLayer, NodeLayers } from './nodes.ts';
 export type { SandboxPorts } from './ports.ts';
-export type { Sandbox, SandboxFiles, SandboxNetwork } from './sandbox.ts';
+export type { FileChangeEvent, FileWatch, Sandbox, SandboxFiles, SandboxNetwork } from './sandbox.ts';
 export type { ProcessHandle, ProcessInfo, ProcessOutputEvent, ProcessOutputOptions, ProcessResult, ProcessStartOptions, PtyHandle, PtyOptions, SandboxProcesses, SandboxPty } from './processes.ts';
 export type { ExecOptions, ExecResult, ExecStreamEvent, ForkOptions } from './sandbox.ts';
 export type { SnapshotListOptions, Snapshots } from './snapshots.ts';

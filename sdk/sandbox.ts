@@ -1,5 +1,7 @@
 /** A handle on one sandbox: exec, streamed exec, files, kill. Small on purpose; verbs group under sub-objects. */
+import { Readable } from 'node:stream';
 import { createInbox, type Msg } from '@nats-io/transport-node';
+import { create as createTar } from 'tar';
 import { context, SpanKind, SpanStatusCode, trace } from '@opentelemetry/api';
 import {
   decode,
@@ -9,7 +11,12 @@ import {
   type ExecResult as WireExecResult,
   type ExecVerdict,
   type FileEntry,
+  type FileChange,
+  type FilesDownloadReply,
   type FilesReadReply,
+  type FilesUploadReply,
+  type FilesWatchLeaseReply,
+  type FileWatchEvent,
   type FilesWriteReply,
   type NetworkPolicy,
   Limits,
@@ -536,5 +543,201 @@ export class SandboxFiles {
 
   async remove(path: string, opts?: CallOptions & { recursive?: boolean }): Promise<void> {
     await this.sb.call('files.remove', { path, recursive: opts?.recursive === true }, opts);
+  }
+
+  /**
+   * Unpacks a directory tree into the existing directory `dest`: `src` is a local directory (packed
+   * here as it is read: symlinks stay symlinks, hardlinked files go as copies) or a tar archive as
+   * bytes, a stream or any async iterable of chunks. It moves in chunks, each sent once the node has
+   * written the one before. Archives may hold files, directories and symlinks: a hardlink, device or
+   * FIFO is ForbiddenError, and so is an entry with `..` or one that would go through a symlink; a
+   * broken archive is InvalidRequestError; a full writable layer LimitError (DISK_LIMIT). On an error, the
+   * entries written before it stay (`err.detail.entries` counts them); the file it broke off is removed.
+   */
+  async upload(src: string | Uint8Array | AsyncIterable<Uint8Array>, dest: string, opts?: CallOptions): Promise<{ entries: number; bytes: number }> {
+    const source: AsyncIterable<Uint8Array> | Iterable<Uint8Array> =
+      typeof src === 'string'
+        ? // portable: no host uids or names; an empty linkCache that forgets: hardlinks are sent as files.
+          (createTar({ cwd: src, portable: true, linkCache: { get: () => undefined, set() {} } as never }, ['.']) as unknown as AsyncIterable<Uint8Array>)
+        : src instanceof Uint8Array
+          ? [src]
+          : src;
+    const uploadId = `u${Math.random().toString(36).slice(2, 14)}`;
+    let seq = 0;
+    const send = (data: Uint8Array, end: boolean) => this.sb.call<FilesUploadReply>('files.upload', { uploadId, path: dest, seq: seq++, data, ...(end ? { end } : {}) }, opts);
+    let held: Uint8Array[] = [];
+    let size = 0;
+    for await (const piece of source) {
+      if (opts?.signal?.aborted) throw new CancelledError('CANCELLED', 'the upload was cancelled');
+      held.push(piece);
+      size += piece.length;
+      while (size >= TREE_CHUNK) {
+        const all = Buffer.concat(held);
+        await send(all.subarray(0, TREE_CHUNK), false);
+        held = [all.subarray(TREE_CHUNK)];
+        size -= TREE_CHUNK;
+      }
+    }
+    const r = await send(Buffer.concat(held), true);
+    return { entries: r.entries, bytes: r.bytes };
+  }
+
+  /**
+   * A tar archive of `path` (a directory: what is below it; a file: that file), as a stream pulled
+   * chunk by chunk from the node: a chunk is fetched when the reader wants it. Symlinks are
+   * archived as symlinks, never followed; other filesystems (/proc, /dev, /sys), sockets, FIFOs and
+   * devices are left out. Errors (NotFoundError, ForbiddenError) come as the stream's error.
+   */
+  download(path: string, opts?: CallOptions): Readable {
+    const sb = this.sb;
+    const downloadId = `d${Math.random().toString(36).slice(2, 14)}`;
+    async function* pull(): AsyncGenerator<Uint8Array, void, undefined> {
+      let eof = false;
+      try {
+        for (let seq = 0; !eof; seq++) {
+          const r = await sb.call<FilesDownloadReply>('files.download', { downloadId, path, seq }, opts);
+          eof = r.eof;
+          if (r.data.length > 0) yield r.data;
+        }
+      } finally {
+        if (!eof) void sb.call('files.download', { downloadId, path, seq: 0, cancel: true }).catch(() => {});
+      }
+    }
+    return Readable.from(pull(), { objectMode: false });
+  }
+
+  /**
+   * Watches the directory `path` (with `recursive`, every directory below it too, those made later
+   * included); resolves once the node watches. Iterate it for `{ type: 'created' | 'modified' |
+   * 'removed', path }` (absolute paths inside the sandbox); the iteration ends when you break out of
+   * it, call `close()`, abort `signal`, or the sandbox ends; it throws if the watch fails on the
+   * node (BusyError: too many directories watched).
+   */
+  async watch(path: string, opts: CallOptions & { recursive?: boolean } = {}): Promise<FileWatch> {
+    const w = new FileWatch(this.sb, path, opts);
+    await w.start();
+    return w;
+  }
+}
+
+/** Upload chunks: the default 1 MiB NATS payload, less room for the request's other fields. */
+const TREE_CHUNK = 1024 * 1024 - 4096;
+
+export interface FileChangeEvent {
+  type: FileChange;
+  /** Absolute inside the sandbox; a name that is not UTF-8 has U+FFFD where its bad bytes were (see pathBytes). */
+  path: string;
+  pathBytes?: Uint8Array;
+}
+
+/** A running `files.watch`: an async iterable of changes, on a lease this object renews. */
+export class FileWatch implements AsyncIterable<FileChangeEvent> {
+  private readonly watchId = `w${Math.random().toString(36).slice(2, 14)}`;
+  private readonly queue: Array<FileWatchEvent | { t: 'fail'; error: unknown }> = [];
+  private wake: (() => void) | null = null;
+  private sub?: ReturnType<Sandbox['transport']['nc']['subscribe']>;
+  private renewer?: NodeJS.Timeout;
+  private ended = false;
+
+  constructor(
+    private readonly sb: Sandbox,
+    private readonly path: string,
+    private readonly opts: CallOptions & { recursive?: boolean },
+  ) {}
+
+  private push(ev: FileWatchEvent | { t: 'fail'; error: unknown }): void {
+    this.queue.push(ev);
+    this.wake?.();
+  }
+
+  /** @internal */
+  async start(): Promise<void> {
+    const nc = this.sb.transport.nc;
+    const inbox = createInbox();
+    this.sub = nc.subscribe(inbox, {
+      callback: (_err, m) => {
+        if (m.headers?.code === 503) {
+          this.push({ t: 'fail', error: new NotFoundError('NOT_FOUND', `sandbox ${this.sb.id} does not answer`) });
+          return;
+        }
+        const ev = decode(m.data) as FileWatchEvent | Reply<unknown>;
+        if ('ok' in ev) {
+          if (!ev.ok) this.push({ t: 'fail', error: errorFromWire(ev.error) });
+          return;
+        }
+        this.push(ev);
+      },
+    });
+    const subject = subjects.sandbox(this.sb.id, 'files.watch');
+    const timeoutMs = this.opts.timeoutMs ?? 30_000;
+    try {
+      await this.sb.transport.connected(timeoutMs, subject);
+      nc.publish(subject, encode({ watchId: this.watchId, path: this.path, ...(this.opts.recursive ? { recursive: true } : {}) }), { reply: inbox });
+      const first = await this.next(timeoutMs);
+      if (first === null) throw new TimeoutError('TIMEOUT', `sandbox ${this.sb.id} did not start watching ${this.path} within ${timeoutMs} ms`);
+      if (first.t !== 'ready') throw new UnavailableError('UNAVAILABLE', `files.watch: expected ready, got ${first.t}`);
+    } catch (err) {
+      this.stop();
+      throw err;
+    }
+    this.renewer = setInterval(() => {
+      this.sb
+        .call<FilesWatchLeaseReply>('files.watch.renew', { watchId: this.watchId }, { timeoutMs: Limits.files.watchLeaseMs / 3 })
+        .then((r) => {
+          if (!r.watching) this.push({ t: 'end', s: 0, reason: 'expired' });
+        })
+        .catch((err: unknown) => {
+          // NATS slow or away: the next renewal tries again; a sandbox that ended ends the watch.
+          if (err instanceof NotFoundError) this.push({ t: 'end', s: 0, reason: 'sandbox_ended' });
+        });
+    }, Limits.files.watchLeaseMs / 3);
+    this.renewer.unref();
+    this.opts.signal?.addEventListener('abort', () => this.close(), { once: true });
+  }
+
+  /** The next event, or null after `waitMs` (or at once once closed). Throws what the node sent as an error. */
+  private async next(waitMs: number): Promise<FileWatchEvent | null> {
+    const until = Date.now() + waitMs;
+    while (this.queue.length === 0) {
+      if (this.ended || Date.now() >= until) return null;
+      let timer: NodeJS.Timeout | undefined;
+      await new Promise<void>((resolve) => {
+        this.wake = resolve;
+        timer = setTimeout(resolve, Math.min(1000, until - Date.now()));
+      });
+      this.wake = null;
+      clearTimeout(timer);
+    }
+    const ev = this.queue.shift() as FileWatchEvent | { t: 'fail'; error: unknown };
+    if (ev.t === 'fail') throw ev.error;
+    if (ev.t === 'error') throw errorFromWire(ev.error);
+    return ev;
+  }
+
+  async *[Symbol.asyncIterator](): AsyncGenerator<FileChangeEvent, void, undefined> {
+    try {
+      for (;;) {
+        const ev = await this.next(Number.POSITIVE_INFINITY);
+        if (ev === null || ev.t === 'end') return;
+        if (ev.t !== 'change') continue;
+        yield { type: ev.type, path: ev.path, ...(ev.pathBytes ? { pathBytes: ev.pathBytes } : {}) };
+      }
+    } finally {
+      this.close();
+    }
+  }
+
+  /** Stops watching (the node gives its inotify watches back). */
+  close(): void {
+    if (this.ended) return;
+    this.stop();
+    void this.sb.call('files.watch.cancel', { watchId: this.watchId }, { timeoutMs: 5000 }).catch(() => {});
+  }
+
+  private stop(): void {
+    this.ended = true;
+    clearInterval(this.renewer);
+    this.sub?.unsubscribe();
+    this.wake?.();
   }
 }

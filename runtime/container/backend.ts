@@ -462,7 +462,7 @@ export class ContainerBackend implements Backend, Snapshotting, SnapshotStore, P
   files(id: string): RootFiles {
     // The root's own filesystem only: through the init's root, the container's /proc, /dev and /sys
     // are mounted too, and the node is real root.
-    return new RootFiles(this.rootOf(id), { uid: this.hardening.ids.hostId, gid: this.hardening.ids.hostId }, { oneFilesystem: true, charge: (fd, offset, length) => this.charge(id, fd, offset, length) });
+    return new RootFiles(this.rootOf(id), { uid: this.hardening.ids.hostId, gid: this.hardening.ids.hostId }, { oneFilesystem: true, charge: (fd, offset, length) => this.charge(id, [{ fd, offset, length }]), chargeMany: (ranges) => this.charge(id, ranges) });
   }
 
   /**
@@ -470,9 +470,10 @@ export class ContainerBackend implements Backend, Snapshotting, SnapshotStore, P
    * memory cgroup (the spawner's `@charge`), so the node's write into it lands on the sandbox's
    * memory: its limit bounds what the files API can make it hold, as it bounds what it writes itself.
    */
-  private async charge(id: string, fd: number, offset: number, length: number): Promise<void> {
+  private async charge(id: string, ranges: Array<{ fd: number; offset: number; length: number }>): Promise<void> {
+    const length = ranges.reduce((n, r) => n + r.length, 0);
     const procs = join(cgroupDir(this.cgroupMode, this.cgroupPath(id), this.cgroupMode === 'v2' ? '' : 'memory'), 'cgroup.procs');
-    const { code } = await this.spawner().run({ argv: ['@charge', procs, `/proc/${process.pid}/fd/${fd}`, String(offset), String(length)] });
+    const { code } = await this.spawner().run({ argv: ['@charge', procs, ...ranges.flatMap((r) => [`/proc/${process.pid}/fd/${r.fd}`, String(r.offset), String(r.length)])] });
     if (code === 0) return;
     if (code === ENOSPC) throw new ProtocolError('DISK_LIMIT', `the sandbox's writable layer is full`);
     if (code === ENOMEM) throw new ProtocolError('MEMORY_LIMIT', `the sandbox's memory is full: its writable layer is memory`);
