@@ -24,22 +24,28 @@ import type { Sandbox } from '../../sdk/index.ts';
 import { cleanUpOnSignals, finishRun, numberArg, onCleanup, progress, runMain, startBenchNode, UsageError } from './harness.ts';
 import { round3, summarize } from './stats.ts';
 
-const USAGE = 'usage: swe.ts [--copies N] [--files N] [--keys N] [--json]';
+const USAGE = 'usage: swe.ts [--copies N] [--files N] [--keys N] [--parts snapshot,upload,pty] [--json]';
+const PARTS = ['snapshot', 'upload', 'pty'] as const;
 
 function parse(argv: string[]) {
   let copies = 16;
   let files = 10_000;
   let keys = 50;
   let json = false;
+  let parts = new Set<string>(PARTS);
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i];
     if (a === '--json') json = true;
     else if (a === '--copies') ({ value: copies, next: i } = numberArg(argv, i, a, USAGE));
     else if (a === '--files') ({ value: files, next: i } = numberArg(argv, i, a, USAGE));
     else if (a === '--keys') ({ value: keys, next: i } = numberArg(argv, i, a, USAGE));
+    else if (a === '--parts') {
+      parts = new Set((argv[++i] ?? '').split(','));
+      for (const p of parts) if (!(PARTS as readonly string[]).includes(p)) throw new UsageError(`--parts: ${p} is not one of ${PARTS.join(', ')}\n${USAGE}`);
+    }
     else throw new UsageError(`unknown argument ${a}\n${USAGE}`);
   }
-  return { copies, files, keys, json };
+  return { copies, files, keys, json, parts };
 }
 
 const ms = (t0: number) => performance.now() - t0;
@@ -100,119 +106,138 @@ async function main(): Promise<void> {
     };
     const spec = { image: 'python', memoryMiB: 512, diskMiB: 256, cpu: 1 };
 
-    progress('one install, then a snapshot of its files');
-    const base = await make(spec);
-    let t0 = performance.now();
-    await must(base, INSTALL, 'install');
-    const installOneMs = ms(t0);
-    t0 = performance.now();
-    const snap = await base.snapshot();
-    const snapshotMs = ms(t0);
-    onCleanup('snapshot', async () => {
-      await pdk.snapshots.delete(snap.id).catch(() => {});
-    });
+    const r3 = (x: number | null) => (x === null ? null : round3(x));
+    const msOr = (x: number | null, extra = '') => (x === null ? '—' : `${round3(x)} ms${extra}`);
+    const ratio = (a: number | null, b: number | null) => (a === null || b === null ? '—' : `${round3(a / b)}×`);
 
-    progress(`${o.copies} sandboxes from the snapshot, until each imports the package`);
-    t0 = performance.now();
-    const fromSnap = await Promise.all(
-      Array.from({ length: o.copies }, async () => {
-        const sb = await make({ fromSnapshot: snap.id, memoryMiB: 512, cpu: 1 });
-        await must(sb, CHECK, 'import from the snapshot');
-        return sb;
-      }),
-    );
-    const forkMs = ms(t0);
-    await Promise.all(fromSnap.map((s) => s.kill()));
-
-    progress(`${o.copies} fresh sandboxes, each installing (the floor)`);
-    t0 = performance.now();
-    const fresh = await Promise.all(
-      Array.from({ length: o.copies }, async () => {
-        const sb = await make(spec);
-        await must(sb, INSTALL, 'install');
-        await must(sb, CHECK, 'import after install');
-        return sb;
-      }),
-    );
-    const installMs = ms(t0);
-    await Promise.all(fresh.map((s) => s.kill()));
-
-    progress(`a directory of ${o.files} small files: one tar upload, then one files.write each`);
-    const dir = await mkdtemp(join(tmpdir(), 'paddock-bench-tree-'));
-    onCleanup('tree', () => rm(dir, { recursive: true, force: true }));
-    await makeTree(dir, o.files);
-    const up = await make({ memoryMiB: 512, diskMiB: 256 });
-    const files = up.files as unknown as { upload?: (src: string, dest: string) => Promise<unknown> };
-    let uploadTarMs: number | null = null;
-    if (typeof files.upload === 'function') {
+    let installOneMs: number | null = null;
+    let snapshotMs: number | null = null;
+    let snapBytes = 0;
+    let forkMs: number | null = null;
+    let installMs: number | null = null;
+    if (o.parts.has('snapshot')) {
+      progress('one install, then a snapshot of its files');
+      const base = await make(spec);
+      let t0 = performance.now();
+      await must(base, INSTALL, 'install');
+      installOneMs = ms(t0);
       t0 = performance.now();
-      await files.upload(dir, '/work/tar');
+      const snap = await base.snapshot();
+      snapshotMs = ms(t0);
+      snapBytes = snap.bytes;
+      onCleanup('snapshot', async () => {
+        await pdk.snapshots.delete(snap.id).catch(() => {});
+      });
+
+      progress(`${o.copies} sandboxes from the snapshot, until each imports the package`);
+      t0 = performance.now();
+      const fromSnap = await Promise.all(
+        Array.from({ length: o.copies }, async () => {
+          const sb = await make({ fromSnapshot: snap.id, memoryMiB: 512, cpu: 1 });
+          await must(sb, CHECK, 'import from the snapshot');
+          return sb;
+        }),
+      );
+      forkMs = ms(t0);
+      await Promise.all(fromSnap.map((x) => x.kill()));
+
+      progress(`${o.copies} fresh sandboxes, each installing (the floor)`);
+      t0 = performance.now();
+      const fresh = await Promise.all(
+        Array.from({ length: o.copies }, async () => {
+          const sb = await make(spec);
+          await must(sb, INSTALL, 'install');
+          await must(sb, CHECK, 'import after install');
+          return sb;
+        }),
+      );
+      installMs = ms(t0);
+      await Promise.all(fresh.map((x) => x.kill()));
+    }
+
+    let uploadTarMs: number | null = null;
+    let uploadEachMs: number | null = null;
+    if (o.parts.has('upload')) {
+      progress(`a directory of ${o.files} small files: one tar upload, then one files.write each`);
+      const dir = await mkdtemp(join(tmpdir(), 'paddock-bench-tree-'));
+      onCleanup('tree', () => rm(dir, { recursive: true, force: true }));
+      await makeTree(dir, o.files);
+      const up = await make({ memoryMiB: 512, diskMiB: 256 });
+      await must(up, ['mkdir', '-p', '/work/tar'], 'mkdir');
+      let t0 = performance.now();
+      await up.files.upload(dir, '/work/tar');
       uploadTarMs = ms(t0);
       const n = (await must(up, ['sh', '-c', 'find /work/tar -type f | wc -l'], 'count')).stdout.trim();
       if (Number(n) !== o.files) throw new Error(`the tar upload left ${n} files, not ${o.files}`);
-    } else progress('sb.files.upload is not in this SDK: skipped');
-    t0 = performance.now();
-    for (const d of await readdir(dir)) {
-      for (const f of await readdir(join(dir, d))) await up.files.write(`/work/each/${d}/${f}`, await readFile(join(dir, d, f)));
-    }
-    const uploadEachMs = ms(t0);
-
-    progress(`exec \`true\` ×${o.keys}, then keystroke → echo on a terminal ×${o.keys}`);
-    const execs: number[] = [];
-    for (let i = 0; i < o.keys; i++) {
       t0 = performance.now();
-      await up.exec(['true']);
-      execs.push(ms(t0));
-    }
-    const pty = await up.pty.create({ cols: 80, rows: 24, cmd: ['/bin/sh'] });
-    const it = pty[Symbol.asyncIterator]();
-    const readUntil = async (want: string) => {
-      let seen = '';
-      while (!seen.includes(want)) {
-        const r = await it.next();
-        if (r.done) throw new Error(`the terminal ended before printing ${JSON.stringify(want)}`);
-        seen += Buffer.from(r.value).toString('latin1');
+      for (const d of await readdir(dir)) {
+        for (const f of await readdir(join(dir, d))) await up.files.write(`/work/each/${d}/${f}`, await readFile(join(dir, d, f)));
       }
-    };
-    await pty.write('stty echo; echo ready\r');
-    await readUntil('ready');
-    const echoes: number[] = [];
-    const keys = 'abcdefghijklmnopqrstuvwxyz';
-    for (let i = 0; i < o.keys; i++) {
-      const k = keys[i % keys.length] as string;
-      t0 = performance.now();
-      await pty.write(k);
-      await readUntil(k);
-      echoes.push(ms(t0));
+      uploadEachMs = ms(t0);
+      await up.kill();
     }
-    await pty.kill().catch(() => {});
 
-    const ex = summarize(execs);
-    const ec = summarize(echoes);
+    let ex: { p50: number; p95: number } | null = null;
+    let ec: { p50: number; p95: number } | null = null;
+    if (o.parts.has('pty')) {
+      progress(`exec \`true\` ×${o.keys}, then keystroke → echo on a terminal ×${o.keys}`);
+      const sb = await make({});
+      const execs: number[] = [];
+      for (let i = 0; i < o.keys; i++) {
+        const t0 = performance.now();
+        await sb.exec(['true']);
+        execs.push(ms(t0));
+      }
+      const pty = await sb.pty.create({ cols: 80, rows: 24, cmd: ['/bin/sh'] });
+      const it = pty[Symbol.asyncIterator]();
+      const readUntil = async (want: string) => {
+        let seen = '';
+        while (!seen.includes(want)) {
+          const r = await it.next();
+          if (r.done) throw new Error(`the terminal ended before printing ${JSON.stringify(want)}`);
+          seen += Buffer.from(r.value).toString('latin1');
+        }
+      };
+      await pty.write('stty echo; echo ready\r');
+      await readUntil('ready');
+      const echoes: number[] = [];
+      const keys = 'abcdefghijklmnopqrstuvwxyz';
+      for (let i = 0; i < o.keys; i++) {
+        const k = keys[i % keys.length] as string;
+        const t0 = performance.now();
+        await pty.write(k);
+        await readUntil(k);
+        echoes.push(ms(t0));
+      }
+      await pty.kill().catch(() => {});
+      ex = summarize(execs);
+      ec = summarize(echoes);
+    }
+
     const rows: [string, string, string][] = [
-      ['install (~10 MiB, byte-compiled), one sandbox', `${round3(installOneMs)} ms`, ''],
-      ['snapshot of its files', `${round3(snapshotMs)} ms, ${(snap.bytes / 1048576).toFixed(1)} MiB layer`, ''],
-      [`${o.copies} from the snapshot → each imports`, `${round3(forkMs)} ms`, `${round3(installMs / forkMs)}× faster than installing (target ≥ 5×)`],
-      [`${o.copies} fresh, each installing (floor)`, `${round3(installMs)} ms`, ''],
-      [`upload ${o.files} files: one tar`, uploadTarMs === null ? '—' : `${round3(uploadTarMs)} ms`, uploadTarMs === null ? 'no files.upload' : `${round3(uploadEachMs / uploadTarMs)}× faster than one write each (target ≥ 10×)`],
-      [`upload ${o.files} files: files.write each (floor)`, `${round3(uploadEachMs)} ms`, ''],
-      ['terminal keystroke → echo p50 / p95', `${round3(ec.p50)} / ${round3(ec.p95)} ms`, `${round3(ec.p50 / ex.p50)}× exec \`true\` (target ≤ 2×)`],
-      ['exec `true` p50 / p95', `${round3(ex.p50)} / ${round3(ex.p95)} ms`, ''],
+      ['install (~10 MiB, byte-compiled), one sandbox', msOr(installOneMs), ''],
+      ['snapshot of its files', msOr(snapshotMs, `, ${(snapBytes / 1048576).toFixed(1)} MiB layer`), ''],
+      [`${o.copies} from the snapshot → each imports`, msOr(forkMs), `${ratio(installMs, forkMs)} faster than installing (target ≥ 5×)`],
+      [`${o.copies} fresh, each installing (floor)`, msOr(installMs), ''],
+      [`upload ${o.files} files: one tar`, msOr(uploadTarMs), `${ratio(uploadEachMs, uploadTarMs)} faster than one write each (target ≥ 10×)`],
+      [`upload ${o.files} files: files.write each (floor)`, msOr(uploadEachMs), ''],
+      ['terminal keystroke → echo p50 / p95', ec ? `${round3(ec.p50)} / ${round3(ec.p95)} ms` : '—', `${ratio(ec?.p50 ?? null, ex?.p50 ?? null)} exec \`true\` (target ≤ 2×)`],
+      ['exec `true` p50 / p95', ex ? `${round3(ex.p50)} / ${round3(ex.p95)} ms` : '—', ''],
     ];
     for (const [k, v, n] of rows) process.stdout.write(`${k.padEnd(48)} ${v.padEnd(28)} ${n}\n`);
     process.stdout.write('(one run on a shared host: compare the ratios, not the absolute times)\n');
     if (o.json) {
       process.stdout.write(
         `${JSON.stringify({
-          snapshotMs: round3(snapshotMs),
-          fork16Ms: round3(forkMs),
-          install16Ms: round3(installMs),
+          snapshotMs: r3(snapshotMs),
+          fork16Ms: r3(forkMs),
+          install16Ms: r3(installMs),
           copies: o.copies,
-          uploadTarMs: uploadTarMs === null ? null : round3(uploadTarMs),
-          uploadEachMs: round3(uploadEachMs),
+          uploadTarMs: r3(uploadTarMs),
+          uploadEachMs: r3(uploadEachMs),
           files: o.files,
-          ptyEchoP50Ms: round3(ec.p50),
-          execP50Ms: round3(ex.p50),
+          ptyEchoP50Ms: r3(ec?.p50 ?? null),
+          execP50Ms: r3(ex?.p50 ?? null),
         })}\n`,
       );
     }

@@ -70,6 +70,7 @@ function gatewaySchemas(defs: Record<string, Json>): Record<string, Json> {
       properties: exitProps,
     },
     SandboxEvents: { description: 'text/event-stream: `event: sandbox`, data a SandboxInfo after each transition.', ...ref('SandboxInfo') },
+    HttpUploadReply: { type: 'object', properties: { path: { type: 'string' }, entries: { type: 'integer', description: 'files, directories and symlinks written' }, bytes: { type: 'integer', description: 'file bytes written' } }, required: ['path', 'entries', 'bytes'] },
     HttpWriteReply: { type: 'object', properties: { path: { type: 'string' }, size: { type: 'integer', description: 'bytes written' } }, required: ['path', 'size'] },
     HttpRolloutView: { type: 'object', properties: { rollout: ref('RolloutRecord'), sandbox: ref('SandboxInfo'), lastStep: { type: 'integer', description: 'highest step recorded (-1: none)' } }, required: ['rollout', 'sandbox', 'lastStep'] },
     NodeRecord: { type: 'object', description: 'A node heartbeat record (protocol/messages.ts NodeRecord): node, backends, images, capacity, allocated, sandboxes, state, offers, fn.', properties: { node: { type: 'string' }, state: { type: 'string', enum: ['serving', 'draining'] }, sandboxes: { type: 'integer' } }, required: ['node'] },

@@ -127,6 +127,18 @@ export const Routes: Route[] = [
     rawBody: true,
   },
   { operationId: 'removeFile', method: 'DELETE', path: '/v1/sandboxes/{id}/files', summary: 'Remove a file (a directory with `recursive=1`)', tag: 'files', params: [id, filePath, { name: 'recursive', in: 'query', description: '`1`: remove a directory and all in it', schema: { type: 'boolean' } }], reply: 'none', status: 204 },
+  {
+    operationId: 'uploadTar',
+    method: 'PUT',
+    path: '/v1/sandboxes/{id}/files/tar',
+    summary: 'Unpack the body, a tar archive, into the existing directory `path` (files, directories and symlinks; modes and mtimes kept), streamed',
+    tag: 'files',
+    params: [id, { name: 'path', in: 'query', description: 'an existing directory inside the sandbox', required: true }],
+    request: 'raw',
+    reply: 'HttpUploadReply',
+    rawBody: true,
+  },
+  { operationId: 'downloadTar', method: 'GET', path: '/v1/sandboxes/{id}/files/tar', summary: 'A tar archive of `path` (a directory or a file), streamed; symlinks stay symlinks', tag: 'files', params: [id, filePath], reply: 'raw' },
   { operationId: 'listFiles', method: 'GET', path: '/v1/sandboxes/{id}/files/list', summary: 'The entries of a directory', tag: 'files', params: [id, filePath], reply: 'FilesListReply' },
   {
     operationId: 'groupVerb',

@@ -402,6 +402,26 @@ function handlers(o: GatewayContext): Record<string, Handler> {
       }
       return reply.send(Readable.from(chunks(), { objectMode: false }));
     },
+    uploadTar: async (req) => {
+      const p = path(req.query);
+      o.metrics.files.inc({ op: 'upload' });
+      const body = req.body instanceof Readable ? req.body : Readable.from([]);
+      const r = await sandbox(pdk, req.params.id).files.upload(body, p);
+      return { path: p, entries: r.entries, bytes: r.bytes };
+    },
+    downloadTar: async (req, reply) => {
+      const p = path(req.query);
+      o.metrics.files.inc({ op: 'download' });
+      const tar = sandbox(pdk, req.params.id).files.download(p);
+      // The first chunk decides the status: an unknown path is a 404, not a 200 that breaks off.
+      const it = tar[Symbol.asyncIterator]();
+      const first = await it.next();
+      async function* rest() {
+        if (!first.done) yield first.value as Buffer;
+        for (let r = await it.next(); !r.done; r = await it.next()) yield r.value as Buffer;
+      }
+      return reply.type('application/x-tar').send(Readable.from(rest(), { objectMode: false }));
+    },
     listFiles: async (req) => ({ entries: await sandbox(pdk, req.params.id).files.list(path(req.query)) }),
     writeFile: async (req) => {
       const sb = sandbox(pdk, req.params.id);

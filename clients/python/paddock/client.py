@@ -11,8 +11,10 @@
 
 import base64
 import builtins
+import io
 import json
 import os
+import tarfile
 import socket
 import urllib.error
 import urllib.parse
@@ -363,6 +365,38 @@ class SandboxFiles:
         raw = data.encode() if isinstance(data, str) else bytes(data)
         r = self._sb._http.json("PUT", self._sb._path("/files"), query={"path": path, "mode": mode}, raw=raw, timeout=timeout)
         return r["size"]
+
+    def upload(self, src: Union[str, bytes], dest: str, timeout: Optional[float] = None) -> Dict[str, Any]:
+        """Unpacks ``src`` into the existing directory ``dest``: a local directory (packed here
+        with tarfile, its contents at ``dest``) or the bytes of a tar archive. Returns
+        ``{path, entries, bytes}``."""
+        if isinstance(src, str):
+            buf = io.BytesIO()
+            with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+                for name in sorted(os.listdir(src)):
+                    tar.add(os.path.join(src, name), arcname=name)
+            raw = buf.getvalue()
+        else:
+            raw = bytes(src)
+        return self._sb._http.json("PUT", self._sb._path("/files/tar"), query={"path": dest}, raw=raw, timeout=timeout)
+
+    def download(self, path: str, dest: Optional[str] = None, timeout: Optional[float] = None) -> bytes:
+        """A tar archive of ``path`` (symlinks stay symlinks); with ``dest``, also unpacked into
+        that local directory (links and names that would leave it are refused by tarfile's data filter
+        where the Python has one)."""
+        with self._sb._http.open("GET", self._sb._path("/files/tar"), query={"path": path}, timeout=timeout) as res:
+            raw = res.read()
+        if dest is not None:
+            os.makedirs(dest, exist_ok=True)
+            with tarfile.open(fileobj=io.BytesIO(raw), mode="r") as tar:
+                if hasattr(tarfile, "data_filter"):
+                    tar.extractall(dest, filter="data")
+                else:
+                    for m in tar.getmembers():
+                        if m.name.startswith("/") or ".." in m.name.split("/") or m.islnk() or m.isdev():
+                            raise PaddockError("FORBIDDEN", f"archive entry {m.name} would leave {dest}")
+                    tar.extractall(dest)
+        return raw
 
     def list(self, path: str, timeout: Optional[float] = None) -> List[Dict[str, Any]]:
         return self._sb._http.json("GET", self._sb._path("/files/list"), query={"path": path}, timeout=timeout)["entries"]

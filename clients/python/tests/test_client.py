@@ -70,6 +70,24 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(cm.exception.code, "NOT_FOUND")
         self.assertEqual(cm.exception.status, 404)
 
+    def test_directories(self):
+        import tempfile
+        with tempfile.TemporaryDirectory() as src, tempfile.TemporaryDirectory() as back:
+            os.makedirs(os.path.join(src, "pkg", "sub"))
+            with open(os.path.join(src, "pkg", "sub", "m.py"), "w") as f:
+                f.write("X = 1\n")
+            os.symlink("sub/m.py", os.path.join(src, "pkg", "link"))
+            self.sb.exec("mkdir -p /work/up")
+            r = self.sb.files.upload(src, "/work/up")
+            self.assertEqual(r["entries"], 4)
+            self.assertEqual(self.sb.exec("cat /work/up/pkg/link").stdout, "X = 1\n")
+            self.sb.files.download("/work/up", dest=back)
+            self.assertEqual(os.readlink(os.path.join(back, "pkg", "link")), "sub/m.py")
+            with open(os.path.join(back, "pkg", "sub", "m.py")) as f:
+                self.assertEqual(f.read(), "X = 1\n")
+        with self.assertRaises(NotFoundError):
+            self.sb.files.download("/work/nothing-here")
+
     def test_list_get_and_lifecycle(self):
         ids = [s["id"] for s in self.pdk.sandboxes.list(labels={"job": "py"})]
         self.assertEqual(ids, [self.sb.id])
@@ -105,11 +123,19 @@ class ClientTest(unittest.TestCase):
         with self.assertRaises(paddock.UnavailableError):
             Paddock(url="http://127.0.0.1:9", timeout=2).nodes.list()
 
-    def test_snapshots_need_a_vm(self):
-        with self.assertRaises(paddock.InvalidRequestError) as cm:
-            self.sb.snapshot()
-        self.assertIn("snapshot capability", str(cm.exception))
-        self.assertEqual(self.pdk.snapshots.list(), [])
+    def test_snapshots(self):
+        self.sb.exec("echo snap > /work/snapmark")
+        snap = self.sb.snapshot()
+        self.assertEqual(snap["backend"], "container")
+        try:
+            self.assertIn(snap["id"], [s["id"] for s in self.pdk.snapshots.list()])
+            copy = self.pdk.sandboxes.create(from_snapshot=snap["id"])
+            try:
+                self.assertEqual(copy.exec("cat /work/snapmark").stdout, "snap\n")
+            finally:
+                copy.kill()
+        finally:
+            self.assertTrue(self.pdk.snapshots.delete(snap["id"]))
         self.assertFalse(self.pdk.snapshots.delete("sn-nonesuch"))
         with self.assertRaises(NotFoundError):
             self.pdk.sandboxes.create(from_snapshot="sn-nonesuch")
