@@ -168,7 +168,7 @@ export class SandboxHost {
   private readonly execSlots = new Semaphore(EXEC_STARTS_PER_SANDBOX);
   /** Directory writes in transition order. */
   private published: Promise<void> = Promise.resolve();
-  private readonly waiters: Array<{ states: SandboxState[]; resolve: () => void }> = [];
+  private readonly waiters: Array<{ states: SandboxState[]; resolve: (state: SandboxState) => void }> = [];
   private lastActivity = Date.now();
   /** The directory holds this sandbox's record under its id: its first write took the id. */
   private claimed = false;
@@ -284,12 +284,14 @@ export class SandboxHost {
       throw new ProtocolError('INVALID_STATE', `sandbox ${this.id} is ${from}: cannot ${event.type.toLowerCase()}`, { detail: { state: from } });
     }
     this.actor.send(event);
-    await this.until(SETTLED);
+    // The state it settled in, not the one it is in after the write below: a call that woke it may
+    // have been followed at once by the memory-pressure watch putting it back to sleep.
+    const settled = await this.until(SETTLED);
     await this.published;
     const err = this.actor.getSnapshot().context.error;
     const wanted: Record<typeof event.type, SandboxState> = { PAUSE: 'paused', HIBERNATE: 'hibernated', RESUME: 'running', RESTORE: 'running' };
-    if (this.state !== wanted[event.type]) {
-      throw new ProtocolError(err?.code ?? 'BACKEND_FAILED', `sandbox ${this.id} did not ${event.type.toLowerCase()}: it is ${this.state}${err ? ` (${err.message})` : ''}`);
+    if (settled !== wanted[event.type]) {
+      throw new ProtocolError(err?.code ?? 'BACKEND_FAILED', `sandbox ${this.id} did not ${event.type.toLowerCase()}: it is ${settled}${err ? ` (${err.message})` : ''}`);
     }
     return this.info;
   }
@@ -301,6 +303,10 @@ export class SandboxHost {
     if (st === 'running') return;
     if ((st === 'paused' || st === 'hibernated') && this.spec.autoResume) {
       this.log.info({ verb, from: st }, 'waking sandbox for a call');
+      // A wake for a call is activity: the memory-pressure watch, which picks the longest idle,
+      // must not take it back to sleep between its restore and the call (seen in CI: the exec then
+      // found it hibernating).
+      this.lastActivity = Date.now();
       await this.lifecycle({ type: st === 'paused' ? 'RESUME' : 'RESTORE' }).catch((e: unknown) => {
         // Two calls may wake it at once: the loser finds it running.
         if (this.state !== 'running') throw e;
@@ -321,8 +327,9 @@ export class SandboxHost {
     }
   }
 
-  private until(states: readonly SandboxState[]): Promise<void> {
-    if (states.includes(this.state)) return Promise.resolve();
+  /** Resolves with the first of `states` the sandbox is in (now, or when it gets there). */
+  private until(states: readonly SandboxState[]): Promise<SandboxState> {
+    if (states.includes(this.state)) return Promise.resolve(this.state);
     return new Promise((resolve) => this.waiters.push({ states: [...states], resolve }));
   }
 
@@ -345,7 +352,7 @@ export class SandboxHost {
     this.publishEvent(record);
     this.published = this.published.then(() => this.write(record));
     for (const w of this.waiters.splice(0)) {
-      if (w.states.includes(state)) w.resolve();
+      if (w.states.includes(state)) w.resolve(state);
       else this.waiters.push(w);
     }
     if (isFinal(state)) {

@@ -12,11 +12,16 @@
  * came down from, as tree-remove.ts does).
  */
 
-import { constants } from 'node:fs';
+import { closeSync, constants, fchmodSync, fchownSync, futimesSync, open as openCb, writeSync } from 'node:fs';
 import { type FileHandle, lchown, lstat, mkdir, open, readdir, readlink, symlink, unlink } from 'node:fs/promises';
 import { Header, Parser, Pax, type ReadEntry } from 'tar';
 import { ProtocolError } from '../protocol/index.ts';
 import { Semaphore } from './limit.ts';
+
+/** open(2) through the thread pool, giving a plain fd (a small file's later calls are synchronous: see hold). */
+function openFd(path: string, flags: number, mode: number): Promise<number> {
+  return new Promise((resolve, reject) => openCb(path, flags, mode, (err, fd) => (err ? reject(err) : resolve(fd))));
+}
 
 const { O_RDONLY, O_WRONLY, O_CREAT, O_EXCL, O_TRUNC, O_NOFOLLOW, O_NONBLOCK, O_DIRECTORY } = constants;
 /** The process's umask (read once: reading it sets it, for a moment). */
@@ -69,7 +74,7 @@ const BATCH_BYTES = 1024 * 1024;
 const unpacking = new Semaphore(8);
 
 interface Pending {
-  fh: FileHandle;
+  fd: number;
   parent: string[];
   name: string;
   data: Buffer;
@@ -266,18 +271,21 @@ export class TarUpload {
     }
     // Most names are new: O_EXCL makes a new regular file or fails, so no lstat before and no
     // fstat after (8 calls a file were 5.8 s of 10,000 files; each is a thread-pool round trip).
+    // Only the open goes through the thread pool: its path lookup may reach a lower layer that is
+    // loaded lazily. Everything after it is on the new file in the writable layer (tmpfs), microseconds
+    // a call, synchronously: each was a ~60 µs round trip (10,000 files: 4 of 5 calls a file).
     const p = viaFd(dir.fd, name);
-    let fh = await open(p, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_NONBLOCK, mode & 0o777).catch((e: unknown) => {
+    let fd = await openFd(p, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_NONBLOCK, mode & 0o777).catch((e: unknown) => {
       if (errnoOf(e) === 'EEXIST') return null;
       throw e;
     });
-    if (!fh) {
+    if (fd === null) {
       await this.clear(dir, name, entry);
-      fh = await open(p, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_NONBLOCK, mode & 0o777);
+      fd = await openFd(p, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_NONBLOCK, mode & 0o777);
     }
-    this.batch.push({ fh, parent, name, data, mode, ...(mtime ? { mtime } : {}) });
+    this.batch.push({ fd, parent, name, data, mode, ...(mtime ? { mtime } : {}) });
     this.batchBytes += data.length;
-    if (this.root.owner) await fh.chown(this.root.owner.uid, this.root.owner.gid);
+    if (this.root.owner) fchownSync(fd, this.root.owner.uid, this.root.owner.gid);
     if (this.batch.length >= BATCH_FILES || this.batchBytes >= BATCH_BYTES) await this.flush();
   }
 
@@ -285,20 +293,18 @@ export class TarUpload {
     const batch = this.batch;
     if (batch.length === 0) return;
     await this.root.spend(this.batchBytes);
-    const ranges = batch.filter((p) => p.data.length > 0).map((p) => ({ fd: p.fh.fd, offset: 0, length: p.data.length }));
+    const ranges = batch.filter((p) => p.data.length > 0).map((p) => ({ fd: p.fd, offset: 0, length: p.data.length }));
     if (this.root.chargeMany) await this.root.chargeMany(ranges);
     else if (this.root.charge) for (const r of ranges) await this.root.charge(r.fd, r.offset, r.length);
     while (batch.length > 0) {
       const p = batch[0] as Pending;
       let done = 0;
-      while (done < p.data.length) {
-        const { bytesWritten } = await p.fh.write(p.data, done, p.data.length - done, done);
-        done += bytesWritten;
-      }
+      // A failure (ENOSPC, say) leaves this file in the batch: discardBatch closes and removes it with the rest.
+      while (done < p.data.length) done += writeSync(p.fd, p.data, done, p.data.length - done, done);
       // open's mode went through the umask, which only ever takes the group and other write bits.
-      if (p.mode & (0o7000 | UMASK)) await p.fh.chmod(p.mode);
-      if (p.mtime) await p.fh.utimes(p.mtime, p.mtime);
-      await p.fh.close();
+      if (p.mode & (0o7000 | UMASK)) fchmodSync(p.fd, p.mode);
+      if (p.mtime) futimesSync(p.fd, p.mtime, p.mtime);
+      closeSync(p.fd);
       batch.shift();
       this.batchBytes -= p.data.length;
       this.entries++;
@@ -311,7 +317,11 @@ export class TarUpload {
     const batch = this.batch.splice(0);
     this.batchBytes = 0;
     for (const p of batch) {
-      await p.fh.close().catch(() => {});
+      try {
+        closeSync(p.fd);
+      } catch {
+        // closed already
+      }
       const dir = await this.dir(p.parent, p.name).catch(() => null);
       if (dir) await unlink(viaFd(dir.fd, p.name)).catch(() => {});
     }

@@ -1,10 +1,11 @@
 import { keepScreenshot, startBrowser } from './helpers/browser.ts';
 import { clusterTest } from './helpers/cluster.ts';
 import { startTestGateway } from './helpers/gateway.ts';
+import { eventually } from './helpers/wait.ts';
 
 const test = clusterTest();
 
-test('the dashboard loads without console errors, shows a new sandbox, and runs a command typed into its terminal', async (t) => {
+test('the dashboard loads without console errors, shows a new sandbox, and runs a command typed into the shell of its terminal', async (t) => {
   const gw = await startTestGateway(t.context.pdk);
   const b = await startBrowser();
   t.teardown(async () => {
@@ -40,16 +41,18 @@ test('the dashboard loads without console errors, shows a new sandbox, and runs 
   await page.click(`#sandboxes tr[data-id="${sb.id}"] a`);
   await shown('#terminal .xterm-rows', 30_000);
   await page.click('#terminal');
-  await page.keyboard.type('echo dash-$((6*7)) && hostname');
+  // A shell on a pseudo-terminal: the keys go as typed, and `tty` names the terminal.
+  await page.keyboard.type('echo dash-$((6*7)) && tty');
   await page.keyboard.press('Enter');
-  await page.waitForFunction("document.querySelector('#terminal .xterm-rows')?.textContent?.includes('dash-42')", undefined, { timeout: 30_000 });
-  await shown('#execs li', 30_000);
-  t.regex((await page.textContent('#execs')) ?? '', /echo dash-.*exit 0/);
+  await page.waitForFunction("(t => t.includes('dash-42') && t.includes('/dev/pts/'))(document.querySelector('#terminal .xterm-rows')?.textContent ?? '')", undefined, { timeout: 30_000 });
+  t.is((await sb.processes.list()).filter((p) => p.tag === 'dashboard' && p.state === 'running').length, 1, 'the page holds one shell');
   t.regex((await page.textContent('#record')) ?? '', new RegExp(sb.id));
 
   t.log(`screenshot: ${await keepScreenshot(page, 'dashboard-terminal.png')}`);
   await page.goto(`${gw.url}/#/`);
   await page.waitForSelector('#nodes tbody tr');
+  // Leaving the sandbox's page ends its shell.
+  await eventually(async () => (await sb.processes.list()).every((p) => p.tag !== 'dashboard' || p.state !== 'running'));
   await keepScreenshot(page, 'dashboard.png');
   t.deepEqual(errors, []);
 });

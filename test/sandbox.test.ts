@@ -247,21 +247,19 @@ test('a sandbox whose init dies (an OOM kill, say): the files API still reaches 
   const node = cluster.nodes.find((n) => n.id === sb.info.node);
   const init = Number((await readFile(nodeRunPath(home, node as NonNullable<typeof node>, 'sandboxes', sb.id, 'init.pid'), 'utf8')).trim());
   process.kill(init, 'SIGKILL');
-  for (let i = 0; i < 100 && (await readFile(`/proc/${init}/stat`).then(() => true, () => false)); i++) await new Promise((r) => setTimeout(r, 20));
-  // Reaped at once (the node's spawner is its subreaper), not left a zombie.
-  t.false(await readFile(`/proc/${init}/stat`).then(() => true, () => false), `init ${init} is still in /proc`);
+  // Reaped (the node's spawner is its subreaper), not left a zombie: waited for, not timed.
+  await eventually(async () => !(await readFile(`/proc/${init}/stat`).then(() => true, () => false)));
   // Whatever holds that pid next, the node goes on through the root it opened at create.
   const seen = await sb.files.readText('/etc/hostname').catch((e: { code?: string }) => e.code ?? 'ERROR');
   t.not(seen, await readFile('/etc/hostname', 'utf8'));
   t.true(seen === 'still-mine\n' || /^[A-Z_]+$/.test(seen), seen);
   // And the sandbox is over: failed, reason crashed, without anyone killing it.
-  let info = await sb.refresh();
-  for (let i = 0; i < 100 && info.state !== 'failed'; i++) {
-    await new Promise((r) => setTimeout(r, 50));
-    info = await sb.refresh();
-  }
-  t.is(info.state, 'failed');
-  t.is(info.reason, 'crashed');
+  const info = await eventually(async () => {
+    const r = await sb.refresh();
+    return r.state === 'failed' ? r : undefined;
+  });
+  t.is(info?.state, 'failed');
+  t.is(info?.reason, 'crashed');
 });
 
 test('pid 1 of a sandbox reaps orphans at once and is the only idle process', async (t) => {

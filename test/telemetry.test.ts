@@ -27,9 +27,9 @@ test('traceparent travels from the SDK to the node; transitions are span events;
   await t.throwsAsync(t.context.pdk.sandboxes.create({ memoryMiB: 1 }), { message: /memoryMiB/ });
   const node = t.context.cluster.nodes[0]!;
   const tracesFile = join(t.context.home, 'logs', `traces-node-${node.id}.jsonl`);
-  // Each span is written when it ends; give the last one a moment.
+  // Each span is written when it ends: wait for the last one (30 s at most, a bound no test meets but a stuck one).
   let spans: { traceId: string; name: string; durationUs: number; attributes: Record<string, unknown>; resource: Record<string, unknown>; events: { name: string; attributes?: Record<string, unknown> }[] }[] = [];
-  for (let i = 0; i < 40 && !spans.some((s) => s.name === 'kill pdk.v1.sb.{id}.kill'); i++) {
+  for (let i = 0; i < 600 && !spans.some((s) => s.name === 'kill pdk.v1.sb.{id}.kill'); i++) {
     await new Promise((r) => setTimeout(r, 50));
     const text = await readFile(tracesFile, 'utf8').catch(() => '');
     spans = text

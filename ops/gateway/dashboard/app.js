@@ -200,7 +200,7 @@ async function followEvents() {
   });
 }
 
-// ─── A sandbox's page: its record, its recent execs, a terminal over the exec stream ────────────
+// ─── A sandbox's page: its record, a terminal (a shell on a PTY, or commands over exec), its execs ──
 
 let current;
 let term;
@@ -224,6 +224,8 @@ function makeTerminal() {
   let running;
   const prompt = () => term.write('\x1b[32m$\x1b[0m ');
   term.onData(async (d) => {
+    // A shell on a PTY takes every key as it is; the exec line below is for backends without one.
+    if (shell) return shell.send(d);
     if (running) {
       // Ctrl-C ends the running command: closing its stream kills it in the sandbox.
       if (d === '\x03') running.abort();
@@ -250,6 +252,63 @@ function makeTerminal() {
   });
   term.prompt = prompt;
 }
+
+// A shell on a pseudo-terminal in the sandbox (POST …/processes with `pty`): keys go to its input in
+// order, its output (base64 over SSE) to the terminal as bytes, and a resize of the page to it.
+let shell;
+
+async function openShell(id) {
+  const sbPath = `/v1/sandboxes/${encodeURIComponent(id)}`;
+  const res = await api(`${sbPath}/processes`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ pty: { cols: term.cols, rows: term.rows }, tag: 'dashboard' }) });
+  const info = await res.json();
+  const pPath = `${sbPath}/processes/${encodeURIComponent(info.id)}`;
+  const ac = new AbortController();
+  let queue = Promise.resolve();
+  const post = (what, body) => {
+    queue = queue.then(() => api(`${pPath}/${what}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) })).catch((err) => {
+      if (!ac.signal.aborted) showError(err);
+    });
+  };
+  const s = {
+    id,
+    send: (d) => post('input', { text: d }),
+    resize: () => post('resize', { cols: term.cols, rows: term.rows }),
+    close: () => {
+      ac.abort();
+      // keepalive: the kill still goes out when the tab is closing (pagehide below).
+      void api(`${pPath}/kill`, { method: 'POST', keepalive: true }).catch(() => {});
+    },
+  };
+  shell = s;
+  term.options.convertEol = false;
+  void (async () => {
+    try {
+      const out = await api(`${pPath}/output?encoding=base64`, { signal: ac.signal, headers: { accept: 'text/event-stream' } });
+      await readSse(out, (name, data) => {
+        if ((name === 'stdout' || name === 'stderr') && data.data) term.write(Uint8Array.from(atob(data.data), (c) => c.charCodeAt(0)));
+        else if (name === 'exit') term.write(`\r\n\x1b[2m[the shell ended: exit ${data.exitCode}]\x1b[0m\r\n`);
+        else if (name === 'error') term.write(`\r\n\x1b[31m${data.code}: ${data.message}\x1b[0m\r\n`);
+      });
+    } catch (err) {
+      if (!ac.signal.aborted) showError(err);
+    }
+    if (shell === s) shell = undefined;
+  })();
+}
+
+function closeShell() {
+  shell?.close();
+  shell = undefined;
+  if (term) term.options.convertEol = true;
+}
+
+window.addEventListener('pagehide', () => closeShell());
+
+window.addEventListener('resize', () => {
+  if (!term || $('#sandbox').hidden) return;
+  fit.fit();
+  shell?.resize();
+});
 
 async function runInTerminal(cmd, signal) {
   const started = Date.now();
@@ -312,10 +371,16 @@ async function openSandbox(id) {
   showRecord(await getJson(`/v1/sandboxes/${encodeURIComponent(id)}`));
   showScreen(current);
   makeTerminal();
+  closeShell();
   term.reset();
   fit.fit();
-  term.write(`\x1b[2mcommands run in ${id} through /bin/sh -c; Ctrl-C stops one\x1b[0m\r\n`);
-  term.prompt();
+  try {
+    await openShell(id);
+  } catch (err) {
+    // No terminals on this backend (a VM) or the sandbox is not running: commands over exec instead.
+    term.write(`\x1b[2mno shell (${err.message}); commands run in ${id} through /bin/sh -c; Ctrl-C stops one\x1b[0m\r\n`);
+    term.prompt();
+  }
   term.focus();
 }
 
@@ -325,6 +390,7 @@ async function route() {
   const m = /^#\/sb\/([A-Za-z0-9_-]+)$/.exec(location.hash);
   if (m) return openSandbox(m[1]);
   current = undefined;
+  closeShell();
   clearInterval(screenTimer);
   $('#sandbox').hidden = true;
   $('#home').hidden = false;
