@@ -225,6 +225,8 @@ function makeTerminal() {
   const prompt = () => term.write('\x1b[32m$\x1b[0m ');
   term.onData(async (d) => {
     // A shell on a PTY takes every key as it is; the exec line below is for backends without one.
+    // Keys typed while the shell is being opened wait for it.
+    if (pendingKeys) return void pendingKeys.push(d);
     if (shell) return shell.send(d);
     if (running) {
       // Ctrl-C ends the running command: closing its stream kills it in the sandbox.
@@ -256,12 +258,18 @@ function makeTerminal() {
 // A shell on a pseudo-terminal in the sandbox (POST …/processes with `pty`): keys go to its input in
 // order, its output (base64 over SSE) to the terminal as bytes, and a resize of the page to it.
 let shell;
+let pendingKeys;
 
 async function openShell(id) {
   const sbPath = `/v1/sandboxes/${encodeURIComponent(id)}`;
   const res = await api(`${sbPath}/processes`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ pty: { cols: term.cols, rows: term.rows }, tag: 'dashboard' }) });
   const info = await res.json();
   const pPath = `${sbPath}/processes/${encodeURIComponent(info.id)}`;
+  if (current?.id !== id) {
+    // The page moved on while the shell was being started: it is nobody's.
+    void api(`${pPath}/kill`, { method: 'POST' }).catch(() => {});
+    throw new Error('the page moved on');
+  }
   const ac = new AbortController();
   let queue = Promise.resolve();
   const post = (what, body) => {
@@ -374,11 +382,18 @@ async function openSandbox(id) {
   closeShell();
   term.reset();
   fit.fit();
-  try {
-    await openShell(id);
-  } catch (err) {
-    // No terminals on this backend (a VM) or the sandbox is not running: commands over exec instead.
-    term.write(`\x1b[2mno shell (${err.message}); commands run in ${id} through /bin/sh -c; Ctrl-C stops one\x1b[0m\r\n`);
+  // Terminals are a container's (the processes capability); a VM gets commands over exec, asked
+  // for without a request that would only be refused (the browser logs every 400 it sees).
+  if (current.backend === 'container') pendingKeys = [];
+  const why = current.backend !== 'container' ? `a ${current.backend} has no terminals` : await openShell(id).then(
+    () => undefined,
+    (err) => err.message,
+  );
+  const early = pendingKeys ?? [];
+  pendingKeys = undefined;
+  if (shell && early.length > 0) shell.send(early.join(''));
+  if (why !== undefined) {
+    term.write(`\x1b[2mno shell (${why}); commands run in ${id} through /bin/sh -c; Ctrl-C stops one\x1b[0m\r\n`);
     term.prompt();
   }
   term.focus();
