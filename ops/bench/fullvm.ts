@@ -33,7 +33,7 @@ import { ImageStore } from '../../runtime/images/store.ts';
 import { findGenericKernel } from '../../runtime/microvm/kernel.ts';
 import { Qmp } from '../../runtime/microvm/qmp.ts';
 import type { Sandbox } from '../../sdk/index.ts';
-import { cleanUpOnSignals, finishRun, numberArg, onCleanup, progress, runMain, sleep, startBenchNode, UsageError } from './harness.ts';
+import { cleanUpOnSignals, finishRun, numberArg, onCleanup, progress, runMain, sandboxMaker, sleep, startBenchNode, UsageError } from './harness.ts';
 import { round3, type Summary, summarize } from './stats.ts';
 import { cpuTicks, hibernatedBytes, pss, qemuOf } from './vm-readings.ts';
 
@@ -299,15 +299,8 @@ async function main(): Promise<void> {
     const load0 = loadavg()[0] as number;
     const { cluster, pdk, home } = await startBenchNode({ prefix: 'bfv', env: { PADDOCK_BACKENDS: 'container,fullvm' } });
     nodes = cluster.nodes;
-    const live: Sandbox[] = [];
-    onCleanup('sandboxes', async () => {
-      await Promise.allSettled(live.map((s) => s.kill()));
-    });
-    const desktop = async (timeoutMs = 120_000) => {
-      const sb = await pdk.sandboxes.create({ ...DESKTOP }, { timeoutMs });
-      live.push(sb);
-      return sb;
-    };
+    const make = sandboxMaker(pdk);
+    const desktop = (timeoutMs = 120_000) => make({ ...DESKTOP }, { timeoutMs });
 
     progress('cold boot (the desktop template boots and draws)');
     let t0 = performance.now();
@@ -376,8 +369,7 @@ async function main(): Promise<void> {
     const input = summarize(inputSamples);
 
     progress('exec `true` in a container, for the machine speed');
-    const ct = await pdk.sandboxes.create({ backend: 'container', memoryMiB: 256 });
-    live.push(ct);
+    const ct = await make({ backend: 'container', memoryMiB: 256 });
     for (let i = 0; i < 5; i++) await ct.exec(['true']);
     const ctSamples: number[] = [];
     for (let i = 0; i < 30; i++) {

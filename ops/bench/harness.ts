@@ -9,7 +9,7 @@ import { mkdtemp, readdir, readFile, rm, rmdir } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { detectCgroups } from '../../runtime/cgroups.ts';
-import { Paddock } from '../../sdk/index.ts';
+import { Paddock, type Sandbox } from '../../sdk/index.ts';
 import { type LocalCluster, startLocalCluster } from '../local.ts';
 
 /** A mistake in how a benchmark was asked to run: reported without a stack trace. */
@@ -304,3 +304,22 @@ export function table(rows: string[][]): string {
 }
 
 export const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+type CreateArgs = Parameters<Paddock['sandboxes']['create']>;
+
+/** `pdk.sandboxes.create` that remembers what it made; `keep` adds sandboxes made otherwise (a fork's copies). */
+export type SandboxMaker = ((spec: CreateArgs[0], opts?: CreateArgs[1]) => Promise<Sandbox>) & { keep(...made: Sandbox[]): void };
+
+/** Creates sandboxes for a run and kills every one of them at cleanup, a failed or interrupted run included. */
+export function sandboxMaker(pdk: Paddock): SandboxMaker {
+  const live: Sandbox[] = [];
+  onCleanup('sandboxes', async () => {
+    await Promise.allSettled(live.map((s) => s.kill()));
+  });
+  const make = async (spec: CreateArgs[0], opts?: CreateArgs[1]) => {
+    const sb = await pdk.sandboxes.create(spec, opts);
+    live.push(sb);
+    return sb;
+  };
+  return Object.assign(make, { keep: (...made: Sandbox[]) => void live.push(...made) });
+}

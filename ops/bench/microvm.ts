@@ -19,7 +19,7 @@
  */
 import { performance } from 'node:perf_hooks';
 import type { Sandbox } from '../../sdk/index.ts';
-import { cleanUpOnSignals, finishRun, numberArg, onCleanup, progress, runMain, startBenchNode, UsageError } from './harness.ts';
+import { cleanUpOnSignals, finishRun, numberArg, progress, runMain, sandboxMaker, startBenchNode, UsageError } from './harness.ts';
 import { round3, summarize } from './stats.ts';
 import { cpuTicks, hibernatedBytes, pss, qemuOf } from './vm-readings.ts';
 
@@ -49,15 +49,7 @@ async function main(): Promise<void> {
   try {
     const { cluster, pdk, home } = await startBenchNode({ prefix: 'bmv', env: { PADDOCK_BACKENDS: 'container,microvm' } });
     nodes = cluster.nodes;
-    const live: Sandbox[] = [];
-    onCleanup('sandboxes', async () => {
-      await Promise.allSettled(live.map((s) => s.kill()));
-    });
-    const make = async (spec: Parameters<typeof pdk.sandboxes.create>[0]) => {
-      const sb = await pdk.sandboxes.create(spec);
-      live.push(sb);
-      return sb;
-    };
+    const make = sandboxMaker(pdk);
 
     progress('cold boot (the template boots)');
     let t0 = performance.now();
@@ -111,7 +103,7 @@ async function main(): Promise<void> {
     t0 = performance.now();
     const kids = await first.fork(8);
     const fork8Ms = ms(t0);
-    live.push(...kids);
+    make.keep(...kids);
     for (const k of kids) if ((await k.exec(['true'])).exitCode !== 0) throw new Error(`fork copy ${k.id} does not run commands`);
     await Promise.all(kids.map((k) => k.kill()));
 

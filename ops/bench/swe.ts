@@ -21,7 +21,7 @@ import { performance } from 'node:perf_hooks';
 import { ensurePythonImage } from '../../runtime/images/build.ts';
 import { ImageStore } from '../../runtime/images/store.ts';
 import type { Sandbox } from '../../sdk/index.ts';
-import { cleanUpOnSignals, finishRun, numberArg, onCleanup, progress, runMain, startBenchNode, UsageError } from './harness.ts';
+import { cleanUpOnSignals, finishRun, numberArg, onCleanup, progress, runMain, sandboxMaker, startBenchNode, UsageError } from './harness.ts';
 import { round3, summarize } from './stats.ts';
 
 const USAGE = 'usage: swe.ts [--copies N] [--files N] [--keys N] [--parts snapshot,upload,pty] [--json]';
@@ -90,15 +90,7 @@ async function main(): Promise<void> {
   try {
     const { cluster, pdk } = await startBenchNode({ prefix: 'bswe', env: {} });
     nodes = cluster.nodes;
-    const live: Sandbox[] = [];
-    onCleanup('sandboxes', async () => {
-      await Promise.allSettled(live.map((s) => s.kill()));
-    });
-    const make = async (spec: Parameters<typeof pdk.sandboxes.create>[0]) => {
-      const sb = await pdk.sandboxes.create(spec);
-      live.push(sb);
-      return sb;
-    };
+    const make = sandboxMaker(pdk);
     const must = async (sb: Sandbox, cmd: string[], what: string) => {
       const r = await sb.exec(cmd, { timeoutMs: 600_000 });
       if (r.exitCode !== 0) throw new Error(`${what} in ${sb.id}: exit ${r.exitCode}: ${r.stderr.slice(0, 500)}`);
