@@ -4,7 +4,7 @@ import { validateSpec } from '../protocol/index.ts';
 import { EXEC_KILLED } from '../runtime/backend.ts';
 import { detectCgroups } from '../runtime/cgroups.ts';
 import { loadConfig } from '../runtime/config.ts';
-import { MASKED_PATHS, ociConfig } from '../runtime/container/oci.ts';
+import { cfsBandwidth, MASKED_PATHS, ociConfig } from '../runtime/container/oci.ts';
 import { verdictOf } from '../runtime/container/verdict.ts';
 
 const line = (id: number, target: string, fstype: string) => `${id} 1 0:${id} / ${target} rw,nosuid - ${fstype} ${fstype} rw`;
@@ -35,6 +35,20 @@ test('oci: limits, namespaces and masked paths follow the spec', (t) => {
   t.true(MASKED_PATHS.includes('/proc/kpagecgroup'));
   const v2 = ociConfig({ spec, image, rootfs: '/r', cgroupsPath: '/p', cgroupMode: 'v2' }) as { linux: { namespaces: { type: string }[] } };
   t.true(v2.linux.namespaces.some((n) => n.type === 'cgroup'));
+});
+
+test('oci: a small CPU share gets a longer CFS period, so that each period holds at least 10 ms', (t) => {
+  t.deepEqual(cfsBandwidth(1), { quota: 100_000, period: 100_000 });
+  t.deepEqual(cfsBandwidth(0.1), { quota: 10_000, period: 100_000 });
+  t.deepEqual(cfsBandwidth(0.05), { quota: 10_000, period: 200_000 });
+  t.deepEqual(cfsBandwidth(0.03), { quota: 10_020, period: 334_000 });
+  t.deepEqual(cfsBandwidth(0.01), { quota: 10_000, period: 1_000_000 });
+  for (const cpu of [0.01, 0.013, 0.07, 0.25, 2, 64]) {
+    const b = cfsBandwidth(cpu);
+    t.true(b.period >= 100_000 && b.period <= 1_000_000, `period of ${cpu}`);
+    t.true(b.quota >= 10_000, `quota of ${cpu}`);
+    t.true(Math.abs(b.quota / b.period - cpu) / cpu < 0.01, `share of ${cpu}`);
+  }
 });
 
 test('config: PADDOCK_BIN_DIR must be an absolute path outside /proc, /sys and /dev', (t) => {

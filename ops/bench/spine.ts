@@ -16,7 +16,6 @@
  * default spec), so the floor does the work Paddock asks crun to do, and nothing more. Progress
  * goes to stderr; stdout carries the table and, with --json, one JSON object as its last line.
  */
-import { spawn } from 'node:child_process';
 import { chmod, mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { cpus, tmpdir, totalmem } from 'node:os';
 import { join } from 'node:path';
@@ -29,6 +28,7 @@ import { BUSYBOX_IMAGE } from '../../runtime/images/busybox.ts';
 import { type ImageManifest, ImageStore } from '../../runtime/images/store.ts';
 import { Paddock, PaddockError, type Sandbox } from '../../sdk/index.ts';
 import { type LocalCluster, startLocalCluster } from '../local.ts';
+import { EMIT_FN, HYBRID_PREP, runFloorScript, type Samples, shq } from './floor.ts';
 import { cleanUpOnSignals, finishRun, fmt, onCleanup, progress, removeCgroup, removeHiddenUnified, table, UsageError } from './harness.ts';
 import { round3, type Summary, summarize } from './stats.ts';
 
@@ -78,21 +78,6 @@ function parseArgs(argv: readonly string[]): Options {
 
 // ─── Floor ──────────────────────────────────────────────────────────────────────────────────────
 
-/**
- * crun refuses a hybrid cgroup host; without the empty cgroup2 in this namespace it sees plain v1.
- * But it still enters each container into the `0::` hierarchy of /proc/self/cgroup by writing
- * `unified/<cgroupsPath>/cgroup.procs` — which, once `unified` is unmounted, is a directory and a
- * file on /sys/fs/cgroup's tmpfs, shared with the host yet hidden there under its cgroup2 mount,
- * and never removed. A private tmpfs over `unified` takes those writes and vanishes with us.
- */
-const HYBRID_PREP = `umount /sys/fs/cgroup/unified
-mount -t tmpfs -o mode=755 paddock-bench-unified /sys/fs/cgroup/unified`;
-
-/** Single-quotes a word for bash. */
-function shq(s: string): string {
-  return `'${s.replace(/'/g, `'\\''`)}'`;
-}
-
 interface FloorPlan {
   crunRoot: string;
   bundles: string;
@@ -128,8 +113,7 @@ nl=\${#layers[@]}
 
 ${p.hybrid ? HYBRID_PREP : ': not a hybrid cgroup host'}
 
-# Prints "<op> <ms>" from two $EPOCHREALTIME readings, in integer microseconds (bash has no floats).
-emit() { local d=$(( \${3/./} - \${2/./} )); printf '%s %d.%03d\\n' "$1" $((d / 1000)) $((d % 1000)); }
+${EMIT_FN}
 
 # Sandboxes that may hold a container or mounts; cleanup undoes whatever of them is left.
 declare -A up=()
@@ -192,21 +176,6 @@ done
 `;
 }
 
-type Samples = Map<string, number[]>;
-
-function parseSamples(stdout: string): Samples {
-  const out: Samples = new Map();
-  for (const line of stdout.split('\n')) {
-    const m = /^([a-z.]+) (\d+\.\d+)$/.exec(line.trim());
-    if (!m) continue;
-    const [, name, ms] = m as unknown as [string, string, string];
-    const list = out.get(name) ?? [];
-    list.push(Number(ms));
-    out.set(name, list);
-  }
-  return out;
-}
-
 async function runFloor(o: { n: number; execs: number; image: ImageManifest; store: ImageStore }): Promise<Samples> {
   const dir = await mkdtemp(join(tmpdir(), 'paddock-bench-floor-'));
   // The containers' root is an unprivileged uid (user namespace): crun must be able to reach the bundles.
@@ -241,27 +210,7 @@ async function runFloor(o: { n: number; execs: number; image: ImageManifest; sto
   const script = join(dir, 'floor.sh');
   await writeFile(script, floorScript(plan), { mode: 0o755 });
 
-  // `unshare` execs bash in place, so signalling this child signals the script (its trap cleans up).
-  const child = spawn('unshare', ['--mount', '--propagation', 'private', '--', 'bash', script], { stdio: ['ignore', 'pipe', 'pipe'] });
-  const stop = async () => {
-    if (child.exitCode === null && child.signalCode === null) child.kill('SIGTERM');
-  };
-  onCleanup('floor script', stop);
-  let stdout = '';
-  let stderr = '';
-  child.stdout.on('data', (d: Buffer) => {
-    stdout += d.toString();
-  });
-  child.stderr.on('data', (d: Buffer) => {
-    stderr = (stderr + d.toString()).slice(-8000);
-  });
-  const timer = setTimeout(() => void stop(), FLOOR_TIMEOUT_MS);
-  const code = await new Promise<number>((resolve, reject) => {
-    child.on('error', reject);
-    child.on('close', (c, sig) => resolve(c ?? (sig ? 128 : 1)));
-  }).finally(() => clearTimeout(timer));
-  if (code !== 0) throw new Error(`floor script exited with ${code}: ${stderr.trim() || '(no stderr)'}`);
-  const samples = parseSamples(stdout);
+  const samples = await runFloorScript(script, FLOOR_TIMEOUT_MS);
   for (const [op, want] of [
     ['create', o.n],
     ['exec', o.execs],

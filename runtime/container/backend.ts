@@ -41,7 +41,7 @@ import { buildStaticBinary } from '../static-binary.ts';
 import { readText } from '../sync-read.ts';
 import { execInContainer, killTree, nsPid, signalGroup } from './exec.ts';
 import { Hardening } from './hardening.ts';
-import { baseEnv, ociConfig } from './oci.ts';
+import { baseEnv, DEFAULT_CFS_PERIOD_US, ociConfig } from './oci.ts';
 import { CgroupSleep } from './sleep.ts';
 import { buildSnapshotBlob, removeStage, snapshotImageName, stageUpper } from './snapshot.ts';
 import { judged, LimitWatch } from './verdict.ts';
@@ -896,5 +896,3 @@ async function killAll(dir: string): Promise<boolean> {
   return procs.trim() !== '';
 }
 
-/** The kernel's CFS bandwidth period of a new cgroup (cpu.cfs_period_us, and cpu.max's second field). */
-const DEFAULT_CFS_PERIOD_US = 100_000;
