@@ -610,7 +610,10 @@ export class NodeHost {
       members.map((h) =>
         limit.run(async () => {
           try {
-            releasedBytes += await applyGroupVerb(h, verb);
+            // Not `releasedBytes += await …`: that reads the sum before the await, and the
+            // sandboxes running beside this one would each add to a stale sum.
+            const bytes = await applyGroupVerb(h, verb);
+            releasedBytes += bytes;
             ok++;
           } catch (err) {
             const w = toWireError(err);
