@@ -28,7 +28,8 @@
  * Paddock's figures are given as ratios of it.
  *
  * Progress goes to stderr; stdout carries the table and, with --json, one JSON object as its last line.
- * `--cpu-profile DIR` has the node write a V8 CPU profile of the creates (step 1) into DIR.
+ * `--cpu-profile DIR` has the node write a V8 CPU profile of the creates (step 1) into DIR, or of one
+ * group verb with `--cpu-profile-phase pause|resume|kill`.
  */
 import { chmod, mkdir, mkdtemp, readdir, readFile, rm, statfs, writeFile } from 'node:fs/promises';
 import { cpus, release, tmpdir, totalmem } from 'node:os';
@@ -69,7 +70,7 @@ import {
 } from './harness.ts';
 import { round3, type Summary, summarize } from './stats.ts';
 
-const USAGE = 'usage: density.ts [--n N] [--concurrency C] [--execs E] [--cpu CORES] [--floor-parallel P | --no-floor] [--cpu-profile DIR] [--json]';
+const USAGE = 'usage: density.ts [--n N] [--concurrency C] [--execs E] [--cpu CORES] [--floor-parallel P | --no-floor] [--cpu-profile DIR [--cpu-profile-phase create|pause|resume|kill]] [--json]';
 /**
  * What every sandbox asks for; `--cpu` overrides the CPU (its CFS quota is cpu × 100 ms per 100 ms).
  * The smallest writable layer (16 MiB) is memory on the node, and may be at most half of memoryMiB.
@@ -119,10 +120,14 @@ interface Options {
   floorParallel: number;
   /** Where the node writes a V8 CPU profile of the create phase (PADDOCK_CPU_PROFILE). */
   cpuProfile?: string;
+  /** What the profile covers: the creates (default), or one group verb. */
+  cpuProfilePhase: 'create' | GroupVerbName;
 }
 
+type GroupVerbName = 'pause' | 'resume' | 'kill';
+
 function parseArgs(argv: readonly string[]): Options {
-  const o: Options = { n: 3200, concurrency: 32, execs: 200, cpu: SPEC.cpu, json: false, floorParallel: 8 };
+  const o: Options = { n: 3200, concurrency: 32, execs: 200, cpu: SPEC.cpu, json: false, floorParallel: 8, cpuProfilePhase: 'create' };
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i] as string;
     const named = (name: string) => a === name || a.startsWith(`${name}=`);
@@ -136,6 +141,11 @@ function parseArgs(argv: readonly string[]): Options {
     else if (named('--execs')) ({ value: o.execs, next: i } = numberArg(argv, i, '--execs', USAGE));
     else if (named('--cpu')) ({ value: o.cpu, next: i } = numberArg(argv, i, '--cpu', USAGE, true));
     else if (a === '--no-floor') o.floorParallel = 0;
+    else if (named('--cpu-profile-phase')) {
+      const v = a === '--cpu-profile-phase' ? argv[++i] : a.slice('--cpu-profile-phase='.length);
+      if (v !== 'create' && v !== 'pause' && v !== 'resume' && v !== 'kill') throw new UsageError(`--cpu-profile-phase: create, pause, resume or kill, not ${v ?? 'nothing'}\n${USAGE}`);
+      o.cpuProfilePhase = v;
+    }
     else if (named('--floor-parallel')) ({ value: o.floorParallel, next: i } = numberArg(argv, i, '--floor-parallel', USAGE));
     else if (a === '--help' || a === '-h') {
       process.stdout.write(`${USAGE}\n`);
@@ -584,12 +594,18 @@ async function nodeSandboxes(b: BenchCluster): Promise<number> {
   return (decode(m.data) as { ok: boolean; result: { sandboxes: number } }).result.sandboxes;
 }
 
-async function groupVerb(b: BenchCluster, group: string, verb: 'pause' | 'resume' | 'kill', live: Sandbox[]): Promise<GroupPhase> {
+async function groupVerb(b: BenchCluster, o: Options, group: string, verb: GroupVerbName, live: Sandbox[]): Promise<GroupPhase> {
   progress(`group ${verb} of ${live.length}`);
+  const profiling = o.cpuProfile !== undefined && o.cpuProfilePhase === verb;
+  if (profiling) process.kill(b.nodePid, 'SIGUSR2');
   const p0 = await processesStarted();
   const t0 = performance.now();
   const reply = await b.pdk.groups[verb](group, { timeoutMs: GROUP_TIMEOUT_MS });
   const ms = performance.now() - t0;
+  if (profiling) {
+    process.kill(b.nodePid, 'SIGUSR2');
+    progress(`CPU profile of the node during the group ${verb}: ${o.cpuProfile}/node-${b.nodeId}-${b.nodePid}-0.cpuprofile`);
+  }
   progress(`group ${verb}: ${fmt(ms, 0)} ms, total ${reply.total}, ok ${reply.ok}, failed ${reply.failed.length}${reply.failed[0] ? ` (first: ${reply.failed[0].code} ${reply.failed[0].message})` : ''}, unreachable ${reply.unreachable.length}`);
   const out: GroupPhase = { ms, reply, processesPerSandbox: 0 };
   if (verb !== 'kill') out.freezer = await freezerSample(b, live, verb === 'pause' ? 'FROZEN' : 'THAWED');
@@ -814,12 +830,13 @@ async function main(): Promise<void> {
 
     progress(`creating ${o.n} sandboxes, ${o.concurrency} in flight (${note})`);
     // SIGUSR2 starts and stops the node's profiler (ops/telemetry.ts): the creates and nothing else.
-    if (o.cpuProfile) process.kill(b.nodePid, 'SIGUSR2');
+    const profiling = o.cpuProfile !== undefined && o.cpuProfilePhase === 'create';
+    if (profiling) process.kill(b.nodePid, 'SIGUSR2');
     const execAt50Live = Math.min(EXEC_AT, o.n);
     let create = await createAll(b, o, group, execAt50Live);
     const execAt50 = await execRandom(create.live, o.execs);
     create = await createAll(b, o, group, o.n, create);
-    if (o.cpuProfile) {
+    if (profiling) {
       process.kill(b.nodePid, 'SIGUSR2');
       progress(`CPU profile of the node during the creates: ${o.cpuProfile}/node-${b.nodeId}-${b.nodePid}-0.cpuprofile`);
     }
@@ -838,9 +855,9 @@ async function main(): Promise<void> {
     progress(`${live.length} live: node RSS ${fmt(rssAfter / MiB, 0)} MiB, host +${fmt((hostAfter - hostBefore) / MiB, 0)} MiB`);
 
     const exec = await execRandom(live, o.execs);
-    const pause = await groupVerb(b, group, 'pause', live);
-    const resume = await groupVerb(b, group, 'resume', live);
-    const kill = await groupVerb(b, group, 'kill', live);
+    const pause = await groupVerb(b, o, group, 'pause', live);
+    const resume = await groupVerb(b, o, group, 'resume', live);
+    const kill = await groupVerb(b, o, group, 'kill', live);
     // Directory writes and cgroup removal trail the reply a little.
     await sleep(1000);
     const left = await leftovers(b);

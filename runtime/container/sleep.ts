@@ -2,7 +2,13 @@
  * Putting a container to sleep and waking it, straight through its cgroup files: a write, not a
  * process spawn, so a group of thousands pauses in well under a second. (`crun pause` writes the
  * same freezer file, at the cost of a fork and exec each.)
+ *
+ * The freezer files are read and written synchronously: the kernel answers from memory (a write
+ * starts the freezing and returns; a read looks at the cgroup's few tasks), while each promise-based
+ * call is four round trips through libuv's thread pool — open, fstat, read, close: 30% of the node's
+ * CPU while pausing a group of 1,500, in its profile.
  */
+import { readFileSync, writeFileSync } from 'node:fs';
 import { readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { ProtocolError } from '../../protocol/index.ts';
@@ -21,34 +27,42 @@ export class CgroupSleep {
   /** Freezes every process of the cgroup; resolves once the kernel says they all are. */
   async freeze(path: string): Promise<void> {
     if (this.mode === 'v2') {
-      await writeFile(this.file(path, '', 'cgroup.freeze'), '1');
-      await this.waitFor(() => readFile(this.file(path, '', 'cgroup.events'), 'utf8').then((s) => /^frozen 1$/m.test(s)), path);
+      writeFileSync(this.file(path, '', 'cgroup.freeze'), '1');
+      const events = this.file(path, '', 'cgroup.events');
+      await this.waitFor(() => /^frozen 1$/m.test(readFileSync(events, 'utf8')), path);
     } else {
       const f = this.file(path, 'freezer', 'freezer.state');
-      await writeFile(f, 'FROZEN');
+      writeFileSync(f, 'FROZEN');
       // FREEZING while tasks are still being stopped; writing FROZEN again retries the stragglers.
-      await this.waitFor(async () => {
-        const st = (await readFile(f, 'utf8')).trim();
-        if (st === 'FREEZING') await writeFile(f, 'FROZEN');
+      await this.waitFor(() => {
+        const st = readFileSync(f, 'utf8').trim();
+        if (st === 'FREEZING') writeFileSync(f, 'FROZEN');
         return st === 'FROZEN';
       }, path);
     }
   }
 
   async thaw(path: string): Promise<void> {
-    if (this.mode === 'v2') await writeFile(this.file(path, '', 'cgroup.freeze'), '0');
-    else await writeFile(this.file(path, 'freezer', 'freezer.state'), 'THAWED');
+    if (this.mode === 'v2') writeFileSync(this.file(path, '', 'cgroup.freeze'), '0');
+    else writeFileSync(this.file(path, 'freezer', 'freezer.state'), 'THAWED');
   }
 
   async isFrozen(path: string): Promise<boolean> {
-    if (this.mode === 'v2') return /^frozen 1$/m.test(await readFile(this.file(path, '', 'cgroup.events'), 'utf8').catch(() => ''));
-    return (await readFile(this.file(path, 'freezer', 'freezer.state'), 'utf8').catch(() => '')).trim() !== 'THAWED';
+    const read = (f: string) => {
+      try {
+        return readFileSync(f, 'utf8');
+      } catch {
+        return '';
+      }
+    };
+    if (this.mode === 'v2') return /^frozen 1$/m.test(read(this.file(path, '', 'cgroup.events')));
+    return read(this.file(path, 'freezer', 'freezer.state')).trim() !== 'THAWED';
   }
 
-  private async waitFor(done: () => Promise<boolean>, path: string): Promise<void> {
+  private async waitFor(done: () => boolean, path: string): Promise<void> {
     const until = Date.now() + FREEZE_TIMEOUT_MS;
     let wait = 1;
-    while (!(await done())) {
+    while (!done()) {
       if (Date.now() > until) throw new ProtocolError('BACKEND_FAILED', `cgroup ${path} did not freeze within ${FREEZE_TIMEOUT_MS} ms`);
       await sleep(wait);
       wait = Math.min(wait * 2, 50);
