@@ -249,13 +249,23 @@ static void __attribute__((noreturn)) charge(int errw, const struct run *r) {
  * `@ucounts <pid> <name>=<value>...`, run in place of a program: joins the user namespace of
  * <pid> (a sandbox's init) and sets its per-namespace limits in /proc/sys/user (the kernel looks
  * them up by the writer's user namespace; its owner may write them, the sandbox's root may not).
+ *
+ * Through a proc of its own, mounted in a mount namespace of its own: every user namespace has its
+ * own /proc/sys/user entries, and in one proc instance their dentries share a parent and a name, so
+ * a lookup compares every live sandbox's (proc_sys_compare). With the node's /proc that was 12% of
+ * the host's CPU at 2,000 live sandboxes (perf). A new proc mount is a new instance (Linux 5.8+):
+ * its dentries are this namespace's alone, and go with this process.
  */
 static void __attribute__((noreturn)) ucounts(int errw, const struct run *r) {
   if (!r->argv[1]) fail(errw, 125, "@ucounts: a pid");
   char ns[64];
   snprintf(ns, sizeof ns, "/proc/%s/ns/user", r->argv[1]);
   int fd = open(ns, O_RDONLY | O_CLOEXEC);
-  if (fd < 0 || setns(fd, CLONE_NEWUSER) < 0) fail(errw, 125, "join %s", ns);
+  if (fd < 0) fail(errw, 125, "open %s", ns);
+  if (unshare(CLONE_NEWNS) < 0) fail(errw, 125, "unshare mount namespace");
+  if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0) fail(errw, 125, "make / private");
+  if (mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0) fail(errw, 125, "mount proc");
+  if (setns(fd, CLONE_NEWUSER) < 0) fail(errw, 125, "join %s", ns);
   close(fd);
   for (int i = 2; r->argv[i]; i++) {
     const char *eq = strchr(r->argv[i], '=');
