@@ -246,11 +246,24 @@ export class NodeHost {
       ...(fn ? { fn: fn.record(this.imageNames) } : {}),
       capacity: ctx.capacity,
       allocated: ctx.allocated,
-      sandboxes: this.sandboxes.size,
+      sandboxes: this.sandboxes.size + this.unadmitted(),
       heartbeatMs: this.deps.cfg.heartbeatMs,
       ts: this.clock.now(),
       state: admissionState(snap.value) === 'serving' ? 'serving' : 'draining',
     };
+  }
+
+  /**
+   * Creates past the first refusal check but not yet admitted (their spec's images are being read):
+   * counted as sandboxes in the record, so that a bridge draining this node does not take it for
+   * empty and release it under them (their reads of the node's own store then failed with
+   * ECONNRESET, UNAVAILABLE to the trainer, instead of the draining node's NO_CAPACITY that
+   * placement takes elsewhere).
+   */
+  private unadmitted(): number {
+    let n = 0;
+    for (const id of this.creating.keys()) if (!this.sandboxes.has(id)) n++;
+    return n;
   }
 
   private async info() {
