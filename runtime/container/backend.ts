@@ -661,12 +661,15 @@ export class ContainerBackend implements Backend, Snapshotting, SnapshotStore, P
       };
       const done = (line: string) => {
         child.stderr.off('data', onData);
-        child.off('exit', onExit);
+        child.off('close', onClose);
         resolve(line);
       };
-      const onExit = () => done(err.trim() || 'error portfwd: ended');
+      // 'close', not 'exit': a child's exit may be seen before the last of its stderr is read, and
+      // a "refused" read after it was taken for a failure (BACKEND_FAILED, a 502 at the gateway,
+      // where NOT_FOUND was right: seen in a CI run under load).
+      const onClose = () => done(err.trim() || 'error portfwd: ended');
       child.stderr.on('data', onData);
-      child.once('exit', onExit);
+      child.once('close', onClose);
       child.once('error', (e) => done(`error spawn: ${e.message}`));
     });
     if (said !== 'ok') {
