@@ -31,18 +31,18 @@
  * `--cpu-profile DIR` has the node write a V8 CPU profile of the creates (step 1) into DIR, or of one
  * group verb with `--cpu-profile-phase pause|resume|kill`.
  */
-import { chmod, mkdir, mkdtemp, readdir, readFile, rm, statfs, writeFile } from 'node:fs/promises';
+import { mkdir, mkdtemp, readdir, readFile, rm, statfs, writeFile } from 'node:fs/promises';
 import { cpus, release, tmpdir, totalmem } from 'node:os';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { decode, encode, type GroupReply, subjects, validateSpec } from '../../protocol/index.ts';
-import { cgroupDir, detectCgroups } from '../../runtime/cgroups.ts';
+import { cgroupDir } from '../../runtime/cgroups.ts';
 import { loadConfig } from '../../runtime/config.ts';
-import { ociConfig } from '../../runtime/container/oci.ts';
+import { cfsBandwidth, ociConfig } from '../../runtime/container/oci.ts';
 import { BUSYBOX_IMAGE } from '../../runtime/images/busybox.ts';
 import { ImageStore } from '../../runtime/images/store.ts';
 import { Paddock, PaddockError, type Sandbox } from '../../sdk/index.ts';
-import { EMIT_FN, HYBRID_PREP, runFloorScript, type Samples, shq } from './floor.ts';
+import { EMIT_FN, type FloorBase, prepareFloor, runFloorScript, type Samples, scriptHead } from './floor.ts';
 import {
   type BenchCluster,
   CLK_TCK,
@@ -59,8 +59,6 @@ import {
   numberArg,
   onCleanup,
   progress,
-  removeCgroup,
-  removeHiddenUnified,
   rssBytes,
   runMain,
   sleep,
@@ -221,13 +219,9 @@ interface Floor {
   processesPerKill: number;
 }
 
-interface FloorPlan {
-  crunRoot: string;
-  bundles: string;
+interface FloorPlan extends FloorBase {
+  /** The busybox layers and, on top, the mount points the image lacks: mounted once, read-only, shared. */
   shared: string;
-  ids: string[];
-  layers: string[];
-  hybrid: boolean;
   parallel: number;
   execs: number;
   /** Each container's CPU quota goes to `<quotaDir>/<id>/<quotaFile>`. */
@@ -242,25 +236,7 @@ interface FloorPlan {
  * time; P loops of `crun delete -f`. `procs` reads /proc/stat with builtins only (a $(…) would fork).
  */
 function floorScript(p: FloorPlan): string {
-  return `#!/usr/bin/env bash
-set -euo pipefail
-export LC_ALL=C
-root=${shq(p.crunRoot)}
-base=${shq(p.bundles)}
-shared=${shq(p.shared)}
-ids=(${p.ids.map(shq).join(' ')})
-layers=(${p.layers.map(shq).join(' ')})
-par=${p.parallel}
-execs=${p.execs}
-quota=${shq(p.quota)}
-qdir=${shq(p.quotaDir)}
-qfile=${shq(p.quotaFile)}
-n=\${#ids[@]}
-nl=\${#layers[@]}
-
-${p.hybrid ? HYBRID_PREP : ': not a hybrid cgroup host'}
-
-${EMIT_FN}
+  return `${scriptHead(p, { shared: p.shared, par: p.parallel, execs: p.execs, quota: p.quota, qdir: p.quotaDir, qfile: p.quotaFile })}
 procs() { local k v r; while read -r k v r; do if [[ $k == processes ]]; then P_NOW=$v; return; fi; done < /proc/stat; }
 count() { printf '%s %d.000\\n' "$1" $(( P_NOW - $2 )); }
 
@@ -345,47 +321,32 @@ async function runFloor(o: Options): Promise<Floor> {
   const store = new ImageStore(process.env.PADDOCK_IMAGES_DIR || '/var/lib/paddock/images');
   const image = await store.get(BUSYBOX_IMAGE);
   if (!image) throw new Error(`no ${BUSYBOX_IMAGE} image in the store: run the benchmark once without the floor (the node makes it)`);
-  const dir = await mkdtemp(join(tmpdir(), 'paddock-bench-dfloor-'));
-  // The containers' root is an unprivileged uid (user namespace): crun must be able to reach the bundles.
-  await chmod(dir, 0o711);
-  onCleanup('floor files', () => rm(dir, { recursive: true, force: true }));
-  onCleanup('floor cgroups', async () => {
-    await removeCgroup(FLOOR_CGROUP);
-    await removeHiddenUnified(FLOOR_CGROUP);
-  });
-  const host = detectCgroups();
-  const cgroupMode = host === 'v2' ? 'v2' : 'v1';
+  const base = await prepareFloor({ name: 'dfloor', cgroup: FLOOR_CGROUP, n: o.n, layers: image.layers.map((l) => store.blobPath(l.digest)) });
+  const { cgroupMode } = base;
   const spec = validateSpec({ ...SPEC, cpu: o.cpu });
-  const shared = join(dir, 'root');
-  await mkdir(shared);
+  // As the node does: the quota is written once crun is done, so crun's setup is not throttled.
+  const bw = cfsBandwidth(spec.cpu);
   const plan: FloorPlan = {
-    crunRoot: join(dir, 'crun'),
-    bundles: join(dir, 'b'),
-    shared,
-    ids: Array.from({ length: o.n }, (_, i) => `pdf${process.pid}-${i}`),
-    layers: image.layers.map((l) => store.blobPath(l.digest)),
-    hybrid: host === 'hybrid',
+    ...base,
+    shared: join(base.dir, 'root'),
     parallel: o.floorParallel,
     execs: o.execs,
     quotaDir: cgroupDir(cgroupMode, `/${FLOOR_CGROUP}`, cgroupMode === 'v2' ? '' : 'cpu'),
     quotaFile: cgroupMode === 'v2' ? 'cpu.max' : 'cpu.cfs_quota_us',
-    quota: '',
+    quota: cgroupMode === 'v2' ? `${bw.quota} ${bw.period}` : String(bw.quota),
   };
-  await mkdir(plan.crunRoot, { recursive: true });
+  await mkdir(plan.shared);
   for (const d of ['proc', 'dev', 'sys']) await mkdir(join(plan.bundles, '.points', d), { recursive: true, mode: 0o755 });
   progress(`floor: preparing ${o.n} bundles`);
   for (const id of plan.ids) {
     const b = join(plan.bundles, id);
     await mkdir(b, { recursive: true });
-    const config = ociConfig({ spec, image, rootfs: shared, cgroupsPath: `/${FLOOR_CGROUP}/${id}`, cgroupMode }) as {
+    const config = ociConfig({ spec, image, rootfs: plan.shared, cgroupsPath: `/${FLOOR_CGROUP}/${id}`, cgroupMode }) as {
       root: { readonly: boolean };
-      linux: { resources: { cpu: { quota?: number; period?: number } } };
+      linux: { resources: { cpu: { quota?: number } } };
     };
     config.root.readonly = true;
-    // As the node does: the quota is written once crun is done, so crun's setup is not throttled.
-    const cpu = config.linux.resources.cpu;
-    if (cpu.quota !== undefined && cpu.period !== undefined) plan.quota = cgroupMode === 'v2' ? `${cpu.quota} ${cpu.period}` : String(cpu.quota);
-    delete cpu.quota;
+    delete config.linux.resources.cpu.quota;
     await writeFile(join(b, 'config.json'), JSON.stringify(config));
     // As the node does: a cpuset without load balancing (writing CPUs to a balancing one rebuilds the scheduler domains).
     if (cgroupMode === 'v1') {
@@ -394,7 +355,7 @@ async function runFloor(o: Options): Promise<Floor> {
       await writeFile(join(cs, 'cpuset.sched_load_balance'), '0');
     }
   }
-  const script = join(dir, 'floor.sh');
+  const script = join(base.dir, 'floor.sh');
   await writeFile(script, floorScript(plan), { mode: 0o755 });
   progress(`floor: ${o.n} crun run -d, ${o.floorParallel} at once; ${o.execs} crun exec with all live; ${o.n} crun delete -f`);
   let made = 0;

@@ -5,7 +5,11 @@
  * writing C, so the floor is crun's cost and the kernel's, not a driver's.
  */
 import { spawn } from 'node:child_process';
-import { onCleanup } from './harness.ts';
+import { chmod, mkdir, mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { detectCgroups } from '../../runtime/cgroups.ts';
+import { onCleanup, progress, removeCgroup, removeHiddenUnified } from './harness.ts';
 
 /**
  * crun refuses a hybrid cgroup host; without the empty cgroup2 in this namespace it sees plain v1.
@@ -73,4 +77,70 @@ export async function runFloorScript(script: string, timeoutMs: number, onLine?:
   }).finally(() => clearTimeout(timer));
   if (code !== 0) throw new Error(`floor script exited with ${code}: ${stderr.trim() || '(no stderr)'}`);
   return parseSamples(stdout);
+}
+
+/** A floor's working directory, containers and cgroups: made by `prepareFloor`, gone at cleanup. */
+export interface FloorBase {
+  dir: string;
+  crunRoot: string;
+  bundles: string;
+  /** Parent cgroup of the containers: apart from Paddock's `/paddock/…`, so cleanup cannot touch a node's. */
+  cgroup: string;
+  ids: string[];
+  /** Layer blobs, bottom first (as in the manifest). */
+  layers: string[];
+  hybrid: boolean;
+  /** What crun sees from inside the script's namespace: hybrid becomes plain v1 once `unified` is gone. */
+  cgroupMode: 'v1' | 'v2';
+}
+
+/** The directory (temp, removed at cleanup), crun's root, N container ids and the cgroup cleanup of a floor. */
+export async function prepareFloor(o: { name: string; cgroup: string; n: number; layers: string[] }): Promise<FloorBase> {
+  const dir = await mkdtemp(join(tmpdir(), `paddock-bench-${o.name}-`));
+  // The containers' root is an unprivileged uid (user namespace): crun must be able to reach the bundles.
+  await chmod(dir, 0o711);
+  onCleanup('floor files', () => rm(dir, { recursive: true, force: true }));
+  onCleanup('floor cgroups', async () => {
+    await removeCgroup(o.cgroup);
+    // The script's private tmpfs should have taken these; make sure.
+    const hidden = await removeHiddenUnified(o.cgroup);
+    if (hidden > 0) progress(`floor: removed ${hidden} stray cgroup.procs entries under unified/${o.cgroup}`);
+  });
+  const host = detectCgroups();
+  const base: FloorBase = {
+    dir,
+    crunRoot: join(dir, 'crun'),
+    bundles: join(dir, 'b'),
+    cgroup: o.cgroup,
+    ids: Array.from({ length: o.n }, (_, i) => `${o.name}${process.pid}-${i}`),
+    layers: o.layers,
+    hybrid: host === 'hybrid',
+    cgroupMode: host === 'v2' ? 'v2' : 'v1',
+  };
+  await mkdir(base.crunRoot, { recursive: true });
+  return base;
+}
+
+/**
+ * The start of a floor script: strict bash, `root`, `base`, `ids`, `layers`, `n`, `nl` and the
+ * script's own `vars`, the hybrid-host preparation and `emit`.
+ */
+export function scriptHead(b: FloorBase, vars: Record<string, string | number>): string {
+  return `#!/usr/bin/env bash
+set -euo pipefail
+export LC_ALL=C   # $EPOCHREALTIME's decimal separator follows the locale
+root=${shq(b.crunRoot)}
+base=${shq(b.bundles)}
+ids=(${b.ids.map(shq).join(' ')})
+layers=(${b.layers.map(shq).join(' ')})
+${Object.entries(vars)
+  .map(([k, v]) => `${k}=${typeof v === 'number' ? v : shq(v)}`)
+  .join('\n')}
+n=\${#ids[@]}
+nl=\${#layers[@]}
+
+${b.hybrid ? HYBRID_PREP : ': not a hybrid cgroup host'}
+
+${EMIT_FN}
+`;
 }

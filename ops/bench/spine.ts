@@ -16,7 +16,7 @@
  * default spec), so the floor does the work Paddock asks crun to do, and nothing more. Progress
  * goes to stderr; stdout carries the table and, with --json, one JSON object as its last line.
  */
-import { chmod, mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { cpus, tmpdir, totalmem } from 'node:os';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
@@ -28,7 +28,7 @@ import { BUSYBOX_IMAGE } from '../../runtime/images/busybox.ts';
 import { type ImageManifest, ImageStore } from '../../runtime/images/store.ts';
 import { Paddock, PaddockError, type Sandbox } from '../../sdk/index.ts';
 import { type LocalCluster, startLocalCluster } from '../local.ts';
-import { EMIT_FN, HYBRID_PREP, runFloorScript, type Samples, shq } from './floor.ts';
+import { type FloorBase, prepareFloor, runFloorScript, type Samples, scriptHead } from './floor.ts';
 import { cleanUpOnSignals, finishRun, fmt, onCleanup, progress, removeCgroup, removeHiddenUnified, table, UsageError } from './harness.ts';
 import { round3, type Summary, summarize } from './stats.ts';
 
@@ -78,13 +78,7 @@ function parseArgs(argv: readonly string[]): Options {
 
 // ─── Floor ──────────────────────────────────────────────────────────────────────────────────────
 
-interface FloorPlan {
-  crunRoot: string;
-  bundles: string;
-  ids: string[];
-  /** Layer blobs, bottom first (as in the manifest). */
-  layers: string[];
-  hybrid: boolean;
+interface FloorPlan extends FloorBase {
   warmups: number;
   execs: number;
 }
@@ -99,22 +93,7 @@ interface FloorPlan {
  * it: the floor's create carries one mount more (reported as its own step, so it can be taken out).
  */
 function floorScript(p: FloorPlan): string {
-  return `#!/usr/bin/env bash
-set -euo pipefail
-export LC_ALL=C   # $EPOCHREALTIME's decimal separator follows the locale
-root=${shq(p.crunRoot)}
-base=${shq(p.bundles)}
-ids=(${p.ids.map(shq).join(' ')})
-layers=(${p.layers.map(shq).join(' ')})
-warm=${p.warmups}
-execs=${p.execs}
-n=\${#ids[@]}
-nl=\${#layers[@]}
-
-${p.hybrid ? HYBRID_PREP : ': not a hybrid cgroup host'}
-
-${EMIT_FN}
-
+  return `${scriptHead(p, { warm: p.warmups, execs: p.execs })}
 # Sandboxes that may hold a container or mounts; cleanup undoes whatever of them is left.
 declare -A up=()
 cleanup() {
@@ -177,37 +156,17 @@ done
 }
 
 async function runFloor(o: { n: number; execs: number; image: ImageManifest; store: ImageStore }): Promise<Samples> {
-  const dir = await mkdtemp(join(tmpdir(), 'paddock-bench-floor-'));
-  // The containers' root is an unprivileged uid (user namespace): crun must be able to reach the bundles.
-  await chmod(dir, 0o711);
-  onCleanup('floor files', () => rm(dir, { recursive: true, force: true }));
-  onCleanup('floor cgroups', async () => {
-      await removeCgroup(FLOOR_CGROUP);
-      // The script's private tmpfs should have taken these; make sure.
-      const hidden = await removeHiddenUnified(FLOOR_CGROUP);
-      if (hidden > 0) progress(`floor: removed ${hidden} stray cgroup.procs entries under unified/${FLOOR_CGROUP}`);
-  });
-  const host = detectCgroups();
-  // What the node sees from inside its namespace: hybrid becomes plain v1 once `unified` is gone.
-  const cgroupMode = host === 'v2' ? 'v2' : 'v1';
+  const base = await prepareFloor({ name: 'floor', cgroup: FLOOR_CGROUP, n: o.n, layers: o.image.layers.map((l) => o.store.blobPath(l.digest)) });
+  const cgroupMode = base.cgroupMode;
   const spec = validateSpec({ image: BUSYBOX_IMAGE });
-  const plan: FloorPlan = {
-    crunRoot: join(dir, 'crun'),
-    bundles: join(dir, 'b'),
-    ids: Array.from({ length: o.n }, (_, i) => `pbf${process.pid}-${i}`),
-    layers: o.image.layers.map((l) => o.store.blobPath(l.digest)),
-    hybrid: host === 'hybrid',
-    warmups: WARMUP_EXECS,
-    execs: o.execs,
-  };
-  await mkdir(plan.crunRoot, { recursive: true });
+  const plan: FloorPlan = { ...base, warmups: WARMUP_EXECS, execs: o.execs };
   for (const id of plan.ids) {
     const b = join(plan.bundles, id);
     for (const d of ['upper', 'work', 'rootfs', ...plan.layers.map((_, l) => `l${l}`)]) await mkdir(join(b, d), { recursive: true });
     const config = ociConfig({ spec, image: o.image, rootfs: join(b, 'rootfs'), cgroupsPath: `/${FLOOR_CGROUP}/${id}`, cgroupMode });
     await writeFile(join(b, 'config.json'), JSON.stringify(config));
   }
-  const script = join(dir, 'floor.sh');
+  const script = join(base.dir, 'floor.sh');
   await writeFile(script, floorScript(plan), { mode: 0o755 });
 
   const samples = await runFloorScript(script, FLOOR_TIMEOUT_MS);

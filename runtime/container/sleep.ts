@@ -13,6 +13,7 @@ import { readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { ProtocolError } from '../../protocol/index.ts';
 import { type CgroupMode, cgroupDir } from '../cgroups.ts';
+import { readText } from '../sync-read.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const FREEZE_TIMEOUT_MS = 5000;
@@ -48,15 +49,8 @@ export class CgroupSleep {
   }
 
   async isFrozen(path: string): Promise<boolean> {
-    const read = (f: string) => {
-      try {
-        return readFileSync(f, 'utf8');
-      } catch {
-        return '';
-      }
-    };
-    if (this.mode === 'v2') return /^frozen 1$/m.test(read(this.file(path, '', 'cgroup.events')));
-    return read(this.file(path, 'freezer', 'freezer.state')).trim() !== 'THAWED';
+    if (this.mode === 'v2') return /^frozen 1$/m.test(readText(this.file(path, '', 'cgroup.events')) ?? '');
+    return (readText(this.file(path, 'freezer', 'freezer.state')) ?? '').trim() !== 'THAWED';
   }
 
   private async waitFor(done: () => boolean, path: string): Promise<void> {
