@@ -12,27 +12,28 @@ import type { KV } from '@nats-io/kv';
 import { type NatsConnection, RequestError, type Subscription, TimeoutError } from '@nats-io/transport-node';
 import type { Logger } from 'pino';
 import { type Actor, createActor } from 'xstate';
+import { ConnectionLost, request } from '../protocol/connection.ts';
 import {
   type CreateReply,
+  check,
   decode,
   encode,
   type GroupReply,
   Limits,
-  newSandboxId,
   type NodeRecord,
+  newSandboxId,
   PLACEMENT_QUEUE,
   ProtocolError,
   parseGroupSubject,
   type Reply,
-  requireRecord,
   type SandboxInfo,
   type SandboxSpec,
+  Schema,
   scanKv,
   subjects,
   validateCreate,
   validateNodeGroup,
 } from '../protocol/index.ts';
-import { ConnectionLost, request } from '../protocol/connection.ts';
 import { traceHeaders } from '../protocol/trace.ts';
 import { serve } from './bind.ts';
 import { DirectoryHost } from './directory-host.ts';
@@ -179,12 +180,10 @@ export class PlacementHost {
    * `{state?, backend?}` filter it.
    */
   private async listNodes(body: unknown): Promise<{ nodes: NodeRecord[] }> {
-    const b = body === null || body === undefined ? {} : requireRecord(body, 'nodes.list');
-    if (b.state !== undefined && b.state !== 'serving' && b.state !== 'draining') throw new ProtocolError('INVALID_REQUEST', 'state: must be serving or draining');
-    if (b.backend !== undefined && typeof b.backend !== 'string') throw new ProtocolError('INVALID_REQUEST', 'backend: must be a string');
+    const b = check(Schema.NodesListRequest, body, 'INVALID_REQUEST', 'nodes.list');
     await this.reload();
     const nodes = Object.values(this.actor.getSnapshot().context.nodes)
-      .filter((r) => (b.state === undefined || r.state === b.state) && (b.backend === undefined || r.backends.includes(b.backend as NodeRecord['backends'][number])))
+      .filter((r) => (b.state === undefined || r.state === b.state) && (b.backend === undefined || r.backends.includes(b.backend)))
       .sort((x, y) => x.node.localeCompare(y.node));
     return { nodes };
   }

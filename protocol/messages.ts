@@ -3,29 +3,14 @@
  * client with a MessagePack library can build them. Byte fields are MessagePack `bin`.
  *
  * The request and reply messages are defined once, in schema.ts (TypeBox), and their types come
- * from there; what is left here are the node's own records (heartbeat, layer counters), whose
- * shape the node alone writes.
+ * from there (the node's heartbeat record too: `nodes.list` answers with it); what is left here
+ * are the layer cache's counters, which `node.<id>.info` carries as they are.
  */
 import type { WireError } from './errors.ts';
-import type { BackendKind, FnLanguage } from './schema.ts';
 
-export {
-  Backends,
-  ComputerActions,
-  EndReasons,
-  ExecVerdicts,
-  FileTypes,
-  FileChanges,
-  FnCompareModes,
-  FnLanguages,
-  FnVerdicts,
-  GroupVerbs,
-  IdleActions,
-  QosClasses,
-  SandboxStates,
-} from './schema.ts';
 export type {
   BackendKind,
+  BackendOffer,
   ComputerAction,
   ComputerActionName,
   ComputerReply,
@@ -34,29 +19,29 @@ export type {
   EndReason,
   ExecCancelRequest,
   ExecEvent,
-  ExecResumeReply,
-  ExecResumeRequest,
   ExecRequest,
   ExecResult,
+  ExecResumeReply,
+  ExecResumeRequest,
   ExecVerdict,
+  FileChange,
   FileEntry,
+  FilesDownloadReply,
+  FilesDownloadRequest,
   FilesListReply,
   FilesListRequest,
   FilesReadReply,
   FilesReadRequest,
   FilesRemoveRequest,
-  FilesUploadRequest,
   FilesUploadReply,
-  FilesDownloadRequest,
-  FilesDownloadReply,
-  FilesWatchRequest,
-  FileWatchEvent,
-  FileChange,
-  FilesWatchLeaseRequest,
+  FilesUploadRequest,
   FilesWatchLeaseReply,
+  FilesWatchLeaseRequest,
+  FilesWatchRequest,
   FilesWriteReply,
   FilesWriteRequest,
   FileType,
+  FileWatchEvent,
   FnCompareMode,
   FnInvokeRequest,
   FnInvokeResult,
@@ -68,6 +53,13 @@ export type {
   FnVerdict,
   ForkReply,
   ForkRequest,
+  GroupReply,
+  GroupVerb,
+  IdleAction,
+  KillRequest,
+  NetworkPolicy,
+  NodeGroupRequest,
+  NodeRecord,
   PortEvent,
   PortsCloseReply,
   PortsCloseRequest,
@@ -75,17 +67,12 @@ export type {
   PortsSendRequest,
   PortsUrlReply,
   PortsUrlRequest,
-  GroupReply,
-  GroupVerb,
-  IdleAction,
-  KillRequest,
-  NetworkPolicy,
-  NodeGroupRequest,
   ProcessEvent,
   ProcessInfo,
   ProcessListReply,
   ProcessStartRequest,
   QosClass,
+  Resources,
   RolloutRecord,
   RolloutsStartRequest,
   RolloutsStepsReply,
@@ -101,6 +88,21 @@ export type {
   SnapshotsDeleteReply,
   SnapshotsListReply,
   SnapshotsListRequest,
+} from './schema.ts';
+export {
+  Backends,
+  ComputerActions,
+  EndReasons,
+  ExecVerdicts,
+  FileChanges,
+  FileTypes,
+  FnCompareModes,
+  FnLanguages,
+  FnVerdicts,
+  GroupVerbs,
+  IdleActions,
+  QosClasses,
+  SandboxStates,
 } from './schema.ts';
 
 /** How a node loads layers: on first read from the store (lazy), or whole before mounting (eager). */
@@ -156,48 +158,6 @@ export interface NodeLayerStats extends LayerCacheStats {
   mounted: Array<{ digest: string; sandboxes: number; lazy: boolean }>;
 }
 
-/** A node's heartbeat in the `pdk_nodes` bucket. */
-export interface NodeRecord {
-  node: string;
-  backends: BackendKind[];
-  images: string[];
-  capacity: Resources;
-  allocated: Resources;
-  /** Sandboxes live on the node. */
-  sandboxes: number;
-  /** Heartbeat period; a record older than 3 periods is dead. */
-  heartbeatMs: number;
-  ts: number;
-  state: 'serving' | 'draining';
-  /** Per backend kind this node offers: its own capacity pool and what is allocated from it. `capacity` and `allocated` above are their sums. */
-  offers?: Partial<Record<BackendKind, BackendOffer>>;
-  /** The layer store this node reads from (and, when it embeds it, serves): an http:// base URL. */
-  store?: string;
-  /** The node's PADDOCK_HOME on its host (its logs are in `<home>/logs/`): how the CLI finds a running Paddock. */
-  home?: string;
-  /** Whether this node process also runs a placement replica. */
-  placement?: boolean;
-  /** FnCall on this node: the languages it has images for, and its load. */
-  fn?: { languages: FnLanguage[]; running: number; queued: number };
-  /** Set by the placement replica that found the node silent and marked its sandboxes `node_lost`; gone with its next heartbeat. */
-  lostAt?: number;
-}
-
-export interface BackendOffer {
-  capacity: Resources;
-  allocated: Resources;
-}
-
-
-export interface Resources {
-  cpu: number;
-  memoryMiB: number;
-  sandboxes: number;
-  /** Processes (the specs' pidsLimit): the host's pid_max is one table for every sandbox. Absent = not counted. */
-  pids?: number;
-  /** Writable layers (the specs' diskMiB, which the container backend keeps in RAM). Absent = not counted. */
-  diskMiB?: number;
-}
 
 /** Every reply is one of these. */
 export type Reply<T> = { ok: true; result: T } | { ok: false; error: WireError };

@@ -878,6 +878,63 @@ export const FnInvokeResult = Type.Object(
 );
 export type FnInvokeResult = Static<typeof FnInvokeResult>;
 
+/** CPU, memory, sandboxes and (when counted) pids and writable-layer MiB: a node's capacity or what is allocated from it. */
+export const Resources = Type.Object(
+  {
+    cpu: Type.Number({ description: 'CPUs (overcommitted: cores × the node\'s CPU overcommit)' }),
+    memoryMiB: Type.Number(),
+    sandboxes: Type.Integer({ minimum: 0 }),
+    pids: Type.Optional(Type.Integer({ minimum: 0, description: "processes (the specs' pidsLimit): the host's pid_max is one table for every sandbox; absent = not counted" })),
+    diskMiB: Type.Optional(Type.Number({ description: "writable layers (the specs' diskMiB, which the container backend keeps in RAM); absent = not counted" })),
+  },
+  { $id: 'Resources' },
+);
+export type Resources = Static<typeof Resources>;
+/** One backend kind's own pool on a node. */
+export const BackendOffer = Type.Object({ capacity: Resources, allocated: Resources }, { $id: 'BackendOffer' });
+export type BackendOffer = Static<typeof BackendOffer>;
+export const NodeStates = ['serving', 'draining'] as const;
+/** A node's heartbeat in the `pdk_nodes` bucket, and what `nodes.list`, `drain` and `undrain` answer with. */
+export const NodeRecord = Type.Object(
+  {
+    node: Type.String(),
+    backends: Type.Array(literals(Backends)),
+    images: Type.Array(Type.String()),
+    capacity: Resources,
+    allocated: Resources,
+    sandboxes: Type.Integer({ minimum: 0, description: 'sandboxes live on the node' }),
+    heartbeatMs: Type.Number({ description: 'heartbeat period; a record older than 3 periods is dead' }),
+    ts: Type.Number({ description: 'when the record was written (ms since the epoch)' }),
+    state: literals(NodeStates),
+    offers: Type.Optional(Type.Partial(Type.Record(literals(Backends), BackendOffer), { description: 'per backend kind this node offers: its own pool; `capacity` and `allocated` are their sums' })),
+    store: Type.Optional(Type.String({ description: 'the layer store this node reads from (and, when it embeds it, serves): an http:// base URL' })),
+    home: Type.Optional(Type.String({ description: "the node's PADDOCK_HOME on its host (its logs are in `<home>/logs/`)" })),
+    placement: Type.Optional(Type.Boolean({ description: 'whether this node process also runs a placement replica' })),
+    fn: Type.Optional(Type.Object({ languages: Type.Array(literals(FnLanguages)), running: Type.Integer(), queued: Type.Integer() }, { description: 'FnCall on this node: the languages it has images for, and its load' })),
+    lostAt: Type.Optional(Type.Number({ description: 'set by the placement replica that found the node silent and marked its sandboxes `node_lost`; gone with its next heartbeat' })),
+  },
+  { $id: 'NodeRecord' },
+);
+export type NodeRecord = Static<typeof NodeRecord>;
+export const NodesListRequest = Type.Object({ state: Type.Optional(literals(NodeStates)), backend: Type.Optional(literals(Backends)) }, { $id: 'NodesListRequest' });
+export const NodesListReply = Type.Object({ nodes: Type.Array(NodeRecord, { description: 'sorted by node id' }) }, { $id: 'NodesListReply' });
+/** `node.<node>.info`: the node's record and what it holds now. */
+export const NodeInfoReply = Type.Intersect(
+  [
+    NodeRecord,
+    Type.Object({
+      ids: Type.Array(Type.String(), { description: 'the sandboxes live on the node' }),
+      snapshots: Type.Object({ count: Type.Integer(), bytes: Type.Number(), budgetBytes: Type.Number() }),
+      creates: Type.Object({ running: Type.Integer(), waiting: Type.Integer() }, { description: 'creates being made, and queued behind them' }),
+      process: Type.Object({ heapUsedBytes: Type.Number(), rssBytes: Type.Number() }),
+      layers: Type.Object({}, { additionalProperties: true, description: "the node's layer cache and the layers it has mounted (mode, store, budget, counters per layer)" }),
+      fnPools: Type.Optional(Type.Unknown({ description: "FnCall's pools on this node, per language" })),
+      fnImages: Type.Optional(Type.Unknown({ description: "FnCall's images on this node and their states" })),
+    }),
+  ],
+  { $id: 'NodeInfoReply' },
+);
+
 /** Every named schema, for the JSON Schema document (`$ref`s resolve among these). */
 /** What a sandbox uses now, as far as its backend can tell (the `stats` verb): each field only when known. */
 export const SandboxStats = Type.Object(
@@ -980,4 +1037,10 @@ export const NamedSchemas: Record<string, TSchema> = {
   FnRunResult,
   FnTestResult,
   FnInvokeResult,
+  Resources,
+  BackendOffer,
+  NodeRecord,
+  NodesListRequest,
+  NodesListReply,
+  NodeInfoReply,
 };

@@ -31,9 +31,9 @@ export const Streams = {
 
 import type { SandboxVerb } from './verbs.ts';
 
+export type { SandboxVerb } from './verbs.ts';
 /** Verbs a sandbox actor answers on `pdk.v1.sb.<id>.<verb>`: the rows of the verb table (verbs.ts). */
 export { isSandboxVerb, SandboxVerbs } from './verbs.ts';
-export type { SandboxVerb } from './verbs.ts';
 
 /** Verbs a node supervisor answers on `pdk.v1.node.<node>.<verb>`. */
 export const NodeVerbs = ['create', 'info', 'group', 'drain', 'undrain', 'snapshots.delete'] as const;
@@ -61,7 +61,7 @@ export const subjects = {
   /** FnCall: one-shot invocations, answered by any node (queue group FN_QUEUE). */
   fnInvoke: `${PREFIX}.fn.invoke`,
   node: (node: string, verb: NodeVerb) => `${PREFIX}.node.${node}.${verb}`,
-  /** Every node answers here with its record: `node list` without reading the KV bucket. */
+  /** The node table (placement replicas answer, from the `pdk_nodes` bucket): `node list` without reading the bucket. */
   nodeList: `${PREFIX}.nodes.list`,
   sandbox: (id: string, verb: SandboxVerb) => `${PREFIX}.sb.${id}.${verb}`,
   /** Everything addressed to one sandbox; its actor subscribes here. */
@@ -180,6 +180,10 @@ const RESENDABLE = new Set([
   'node.snapshots.delete',
   'node.info',
   'node.create',
+  // Setting a state it may already be in, and a group verb that counts sandboxes already there as done.
+  'node.drain',
+  'node.undrain',
+  'node.group',
 ]);
 
 export function mayResend(op: string): boolean {

@@ -3,7 +3,7 @@ import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import test from 'ava';
 import { Operations, protocolJsonSchema, TABLE_BEGIN, TABLE_END, withProtocolTable } from '../protocol/api.ts';
-import { decodeRequest, encode, ErrorCodes, Limits, mayResend, ProtocolError, Schema, subjectTemplate, validateExec, validateSpec } from '../protocol/index.ts';
+import { decodeRequest, encode, ErrorCodes, Limits, mayResend, ProtocolError, SandboxVerbs, Schema, subjectTemplate, validateExec, validateSpec } from '../protocol/index.ts';
 
 const root = join(import.meta.dirname, '..');
 
@@ -11,6 +11,13 @@ test('the README protocol table is the generated one (npm run gen:protocol)', (t
   const readme = readFileSync(join(root, 'README.md'), 'utf8');
   t.true(readme.includes(TABLE_BEGIN) && readme.includes(TABLE_END));
   t.is(readme, withProtocolTable(readme));
+});
+
+test("the README's subject table names every sandbox verb of the verb table", (t) => {
+  const readme = readFileSync(join(root, 'README.md'), 'utf8');
+  const row = readme.split('\n').find((l) => l.startsWith('| `pdk.v1.sb.<id>.<verb>`'));
+  const listed = /verbs \(`protocol\/verbs\.ts`\): `([^`]*)`/.exec(row ?? '')?.[1]?.split(' ');
+  t.deepEqual(listed, [...SandboxVerbs]);
 });
 
 test('protocol/schema.json is the generated one (npm run gen:protocol)', (t) => {

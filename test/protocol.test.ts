@@ -1,6 +1,9 @@
 import { connect, type NatsConnection } from '@nats-io/transport-node';
-import { decode, encode, type Reply, subjects, validateSpec } from '../protocol/index.ts';
-import { CancelledError, InvalidSpecError, NotFoundError, Paddock, type Sandbox } from '../sdk/index.ts';
+import type { TSchema } from '@sinclair/typebox';
+import { TypeCompiler } from '@sinclair/typebox/compiler';
+import { decode, encode, NodeVerbs, type Reply, SandboxVerbs, Schema, subjects, validateSpec } from '../protocol/index.ts';
+import { connectionOf } from '../sdk/client.ts';
+import { CancelledError, InvalidSpecError, NotFoundError, type Sandbox } from '../sdk/index.ts';
 import { clusterTest } from './helpers/cluster.ts';
 
 const test = clusterTest();
@@ -47,7 +50,7 @@ test.serial('bad specs are refused with INVALID_SPEC and nothing is created', as
   }
   // A backend Paddock knows but no node runs yet is refused by placement, not by a crash.
   await t.throwsAsync(pdk.sandboxes.create({ backend: 'microvm' }), { instanceOf: InvalidSpecError });
-  const nc = Paddock.connectionOf(pdk);
+  const nc = connectionOf(pdk);
   await assertNoSandboxes(t, nc, cluster.nodes[0]!.id);
 });
 
@@ -105,18 +108,46 @@ test.serial('a payload that is not a MessagePack map is INVALID_REQUEST on every
     subjects.sandboxesGet,
     ...(['start', 'attach', 'get', 'steps', 'export', 'delete'] as const).map((v) => subjects.rollouts(v)),
     subjects.group('c1-job', 'kill'),
-    subjects.node(node, 'create'),
-    subjects.node(node, 'group'),
-    ...(['info', 'exec', 'exec.cancel', 'files.read', 'files.write', 'files.list', 'files.remove', 'kill', 'pause', 'hibernate', 'resume', 'restore', 'network.set'] as const).map((v) => subjects.sandbox(sb.id, v)),
+    subjects.snapshotsList,
+    subjects.snapshotsDelete,
+    subjects.nodeList,
+    subjects.fnInvoke,
+    ...NodeVerbs.map((v) => subjects.node(node, v)),
+    ...SandboxVerbs.map((v) => subjects.sandbox(sb.id, v)),
   ];
   for (const subject of subjectsToTry) {
     for (const payload of [new Uint8Array([0xc1]), encode([1]), encode(42), encode('spec')]) {
       t.is(codeOf(await raw(nc, subject, payload)), 'INVALID_REQUEST', `${subject} ${payload[0]?.toString(16)}`);
     }
   }
-  // Nothing was created, killed or paused by any of it.
+  // Nothing was created, killed, paused or drained by any of it.
   t.is((await sb.refresh()).state, 'running');
   t.is((await pdk.sandboxes.list({ group: 'c1-job' })).length, 1);
+  t.is((await pdk.nodes.info(node)).state, 'serving');
+});
+
+test.serial('the node verbs answer what the schema says they answer', async (t) => {
+  const { cluster } = t.context;
+  const nc = await connect({ servers: cluster.url });
+  t.teardown(() => nc.close());
+  const node = cluster.nodes[0]?.id as string;
+  const conforms = (schema: TSchema, r: Reply<unknown>, what: string) => {
+    t.true(r.ok, what);
+    if (!r.ok) return;
+    const c = TypeCompiler.Compile(schema);
+    t.true(c.Check(r.result), `${what}: ${[...c.Errors(r.result)].map((e) => `${e.path} ${e.message}`).join('; ')}`);
+  };
+  conforms(Schema.NodesListReply, await raw(nc, subjects.nodeList, encode({})), 'nodes.list');
+  conforms(Schema.NodesListReply, await raw(nc, subjects.nodeList, encode({ state: 'serving', backend: 'container' })), 'nodes.list filtered');
+  conforms(Schema.NodeInfoReply, await raw(nc, subjects.node(node, 'info'), encode({})), 'node.info');
+  t.is(codeOf(await raw(nc, subjects.nodeList, encode({ state: 'asleep' }))), 'INVALID_REQUEST');
+  t.is(codeOf(await raw(nc, subjects.nodeList, encode({ backend: 'mainframe' }))), 'INVALID_REQUEST');
+  const drained = await raw(nc, subjects.node(node, 'drain'), encode({}));
+  const undrained = await raw(nc, subjects.node(node, 'undrain'), encode({}));
+  conforms(Schema.NodeRecord, drained, 'node.drain');
+  conforms(Schema.NodeRecord, undrained, 'node.undrain');
+  t.is((drained as { result?: { state?: string } }).result?.state, 'draining');
+  t.is((undrained as { result?: { state?: string } }).result?.state, 'serving');
 });
 
 test.serial('an unknown sandbox: its subjects have no responders, sandboxes.get says NOT_FOUND, the SDK throws NotFoundError', async (t) => {
