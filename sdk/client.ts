@@ -3,11 +3,11 @@ import { readFileSync } from 'node:fs';
 import { Kvm } from '@nats-io/kv';
 import { type NatsConnection, connect as natsConnect } from '@nats-io/transport-node';
 import { natsServers, natsUrlFile } from '../protocol/discovery.ts';
-import { Buckets, type CreateReply, decode, type GroupReply, type GroupVerb, isToken, newSandboxId, type SandboxesListReply, type SandboxInfo, type SandboxSpec, type SandboxState, scanKv, selectSandboxes, subjects } from '../protocol/index.ts';
-import { AlreadyExistsError, InvalidRequestError, NotFoundError, TimeoutError, UnavailableError } from './errors.ts';
+import { Buckets, type CreateReply, decode, type GroupReply, type GroupVerb, isToken, natsFailure, newSandboxId, type SandboxesListReply, type SandboxInfo, type SandboxSpec, type SandboxState, scanKv, selectSandboxes, subjects } from '../protocol/index.ts';
+import { AlreadyExistsError, InvalidRequestError, NotFoundError, PaddockError, TimeoutError, UnavailableError } from './errors.ts';
 import { Fn } from './fn.ts';
-import { Rollouts } from './rollouts.ts';
 import { Nodes } from './nodes.ts';
+import { Rollouts } from './rollouts.ts';
 import { Sandbox } from './sandbox.ts';
 import { Snapshots } from './snapshots.ts';
 import { type CallOptions, Transport } from './transport.ts';
@@ -47,6 +47,19 @@ function defaultServers(): string {
   }
 }
 
+/** Each client's connection, kept out of the class: the SDK's surface has no way to it. */
+const connections = new WeakMap<Paddock, NatsConnection>();
+
+/**
+ * The NATS connection under a client, for this repository's own tools and tests (the CLI's status,
+ * the gateway, benchmarks). Not exported by the package (`sdk/index.ts`): a trainer never needs it.
+ */
+export function connectionOf(pdk: Paddock): NatsConnection {
+  const nc = connections.get(pdk);
+  if (!nc) throw new Error('not a connected Paddock client');
+  return nc;
+}
+
 export class Paddock {
   readonly sandboxes: Sandboxes;
   /** Sandboxes driven through recorded steps: a restarted trainer replays instead of re-running. */
@@ -79,12 +92,9 @@ export class Paddock {
     const nc = await natsConnect({ servers, name: opts.name ?? 'paddock-sdk', maxReconnectAttempts: -1, reconnectTimeWait: 500 }).catch((err: unknown) => {
       throw new UnavailableError('UNAVAILABLE', `cannot connect to NATS at ${servers.join(',')}: ${(err as Error).message}`, { cause: err });
     });
-    return new Paddock(nc, new Transport(nc, opts.timeoutMs ?? 60_000));
-  }
-
-  /** @internal the connection, for the tests and tools of this repository: not part of the SDK. */
-  static connectionOf(pdk: Paddock): NatsConnection {
-    return pdk.nc;
+    const pdk = new Paddock(nc, new Transport(nc, opts.timeoutMs ?? 60_000));
+    connections.set(pdk, nc);
+    return pdk;
   }
 
   async close(): Promise<void> {
@@ -128,7 +138,11 @@ export class Sandboxes {
     });
     // open() does not look the bucket up; the scan is the first to find that its stream is missing.
     const entries = await this.t.within(scanKv<SandboxInfo>(kv, { signal: opts.signal }), opts, 'the listing').catch((err: unknown) => {
-      throw /stream not found/i.test((err as Error).message ?? '') ? none(err) : err;
+      if (/stream not found/i.test(String((err as Error).message))) throw none(err);
+      if (err instanceof PaddockError) throw err;
+      // A JetStream failure (its store full, no quorum) says so with its code, never as a raw client error.
+      const failure = natsFailure(err, 'the sandbox directory');
+      throw failure ? new UnavailableError('UNAVAILABLE', failure.message, { cause: err, ...(failure.detail ? { detail: failure.detail } : {}) }) : err;
     });
     return entries.map((e) => e.value);
   }

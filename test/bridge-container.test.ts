@@ -9,7 +9,7 @@ import { LocalProvider } from '../bridge/providers/local/index.ts';
 import { startBridge } from '../ops/bridge-main.ts';
 import { nodeCommand } from '../ops/launch.ts';
 import { createLogger } from '../ops/log.ts';
-import { Paddock } from '../sdk/index.ts';
+import { connectionOf } from '../sdk/client.ts';
 import { bridgeStatesHeard } from './helpers/bridge.ts';
 import { clusterTest, SHARED_IMAGES } from './helpers/cluster.ts';
 
@@ -30,7 +30,7 @@ test('a container create past capacity runs on a machine the bridge adds, which 
   });
   try {
     while (!b.host.leading) await sleep(100);
-    await bridgeStatesHeard(Paddock.connectionOf(pdk));
+    await bridgeStatesHeard(connectionOf(pdk));
     const sbs = await Promise.all([1, 2, 3].map(() => pdk.sandboxes.create({ cpu: 0.1, memoryMiB: 64 })));
     const [machine] = await provider.list({ 'paddock-bridge': 'ctr' });
     t.truthy(machine);

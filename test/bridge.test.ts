@@ -5,17 +5,18 @@
  * once and leaves no machine behind; a bridge killed mid-burst is succeeded by one that adopts.
  */
 import { type ChildProcess, execFile, execFileSync, spawn } from 'node:child_process';
-import { promisify } from 'node:util';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { fileURLToPath } from 'node:url';
+import { promisify } from 'node:util';
 import type { Provider } from '../bridge/provider.ts';
 import { LocalProvider } from '../bridge/providers/local/index.ts';
 import { startBridge } from '../ops/bridge-main.ts';
 import { nodeCommand } from '../ops/launch.ts';
 import { createLogger } from '../ops/log.ts';
 import { decode, subjects } from '../protocol/index.ts';
-import { Paddock, type Sandbox } from '../sdk/index.ts';
+import { connectionOf } from '../sdk/client.ts';
+import type { Sandbox } from '../sdk/index.ts';
 import { bridgeStatesHeard } from './helpers/bridge.ts';
 import { clusterTest, SHARED_IMAGES } from './helpers/cluster.ts';
 
@@ -76,7 +77,7 @@ test.serial('a burst past capacity waits for machines, every create succeeds, an
     await until('the node to show draining', async () => (await pdk.nodes.list()).some((n) => n.state === 'draining'));
     t.regex(await cli('node', 'undrain', cluster.nodes[0]?.id ?? ''), /serving again/);
     await until('every node to serve again', async () => (await pdk.nodes.list()).every((n) => n.state === 'serving'));
-    await bridgeStatesHeard(Paddock.connectionOf(pdk));
+    await bridgeStatesHeard(connectionOf(pdk));
     const results = await burst(pdk, 3 * 2 * CAP);
     const failed = results.filter((r) => r.status === 'rejected');
     t.deepEqual(failed.map((r) => String((r as PromiseRejectedResult).reason)), []);
@@ -115,7 +116,7 @@ test.serial('a provider that fails on the second machine: waiting creates get NO
   const b = await startBridge({ natsUrl: cluster.url, provider: flaky, env: bridgeEnv('flaky'), log: createLogger('bridge', 'warn') });
   try {
     await until('the bridge to lead', () => b.host.leading);
-    await bridgeStatesHeard(Paddock.connectionOf(pdk));
+    await bridgeStatesHeard(connectionOf(pdk));
     const fleet = await Promise.all(Array.from({ length: 2 * CAP }, () => pdk.sandboxes.create({ backend: 'sim' })));
     const results = await burst(pdk, 2 * CAP);
     const failed = results.filter((r): r is PromiseRejectedResult => r.status === 'rejected');
@@ -140,7 +141,7 @@ test.serial('a bridge killed with SIGKILL mid-burst: its successor adopts the ma
   const env = { ...process.env, ...bridgeEnv('kill'), NATS_URL: cluster.url, PADDOCK_HOME: home, PADDOCK_BRIDGE_PROVIDER: 'local', PADDOCK_BRIDGE_NODE_ENV: JSON.stringify(nodeEnv), PADDOCK_BRIDGE_IDLE_MS: '60000' };
   const main = fileURLToPath(new URL('../ops/bridge-main.ts', import.meta.url));
   const first: ChildProcess = spawn(process.execPath, ['--import', 'tsx', main], { env, stdio: ['ignore', 'ignore', 'inherit'] });
-  const nc = Paddock.connectionOf(pdk);
+  const nc = connectionOf(pdk);
   let decided = false;
   const sub = nc.subscribe(subjects.bridgeDecision, {
     callback: (_e, m) => {

@@ -12,7 +12,8 @@ import { Kvm } from '@nats-io/kv';
 import { parseStepSubject } from '../chronus/log.ts';
 import { RECORD_VERSION, type RolloutRecord } from '../chronus/record.ts';
 import { Buckets, encode } from '../protocol/index.ts';
-import { NotFoundError, Paddock, PaddockError, type Sandbox } from '../sdk/index.ts';
+import { connectionOf } from '../sdk/client.ts';
+import { NotFoundError, PaddockError, type Sandbox } from '../sdk/index.ts';
 import { defined, type Expect, type PlanStep } from './fixtures/chronus/record-fixture.ts';
 import { clusterTest } from './helpers/cluster.ts';
 
@@ -55,7 +56,7 @@ for (const v of versions) {
     const plan = JSON.parse(readFileSync(join(DIR, `v${v}-plan.json`), 'utf8')) as PlanStep[];
     const rolloutId = parseStepSubject(records[0]?.subject ?? '')?.rolloutId as string;
     t.truthy(rolloutId);
-    const js = jetstream(Paddock.connectionOf(pdk));
+    const js = jetstream(connectionOf(pdk));
     for (const r of records) await js.publish(r.subject, bytes(r.data));
 
     const sb = await pdk.sandboxes.create({});
@@ -74,7 +75,7 @@ for (const v of versions) {
 
     // The SDK's prefetched replay gives the same answers.
     const rec: RolloutRecord = { v: 1, rolloutId, sandbox: sb.id, createdAt: Date.now(), touchedAt: Date.now(), retentionSec: 3600 };
-    await (await new Kvm(Paddock.connectionOf(pdk)).open(Buckets.rollouts)).put(rolloutId, encode(rec));
+    await (await new Kvm(connectionOf(pdk)).open(Buckets.rollouts)).put(rolloutId, encode(rec));
     const ro = await pdk.rollouts.attach(rolloutId);
     t.is(ro.lastStep, plan.length);
     for (const s of plan) {

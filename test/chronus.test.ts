@@ -14,6 +14,7 @@ import { Journal } from '../chronus/journal.ts';
 import { readRollout } from '../chronus/log.ts';
 import { subjects } from '../protocol/index.ts';
 import { run } from '../runtime/proc.ts';
+import { connectionOf } from '../sdk/client.ts';
 import {
   AlreadyExistsError,
   InvalidRequestError,
@@ -268,9 +269,9 @@ test('deleting a rollout deletes its records; retention deletes them once it run
   t.teardown(() => ro.sandbox.kill());
   await ro.exec('echo x >> /tmp/d');
   await ro.exec('echo y >> /tmp/d');
-  t.is((await readRollout(Paddock.connectionOf(pdk), ro.rolloutId, 'all')).length, 4);
+  t.is((await readRollout(connectionOf(pdk), ro.rolloutId, 'all')).length, 4);
   await pdk.rollouts.delete(ro.rolloutId);
-  t.deepEqual(await readRollout(Paddock.connectionOf(pdk), ro.rolloutId, 'all'), []);
+  t.deepEqual(await readRollout(connectionOf(pdk), ro.rolloutId, 'all'), []);
   t.is(await pdk.rollouts.get(ro.rolloutId), null);
   // The log is gone: step 0 runs again (this is what deleting a rollout means).
   t.falsy((await ro.sandbox.exec('echo x >> /tmp/d', { rolloutId: ro.rolloutId, step: 0 })).replayed);
@@ -291,8 +292,8 @@ test('deleting a rollout deletes its records; retention deletes them once it run
   t.true(gone.includes(short.rolloutId));
   t.false(gone.includes(long.rolloutId));
   t.is(await pdk.rollouts.get(short.rolloutId), null);
-  t.deepEqual(await readRollout(Paddock.connectionOf(pdk), short.rolloutId, 'all'), []);
-  t.is((await readRollout(Paddock.connectionOf(pdk), long.rolloutId, 'all')).length, 2);
+  t.deepEqual(await readRollout(connectionOf(pdk), short.rolloutId, 'all'), []);
+  t.is((await readRollout(connectionOf(pdk), long.rolloutId, 'all')).length, 2);
 });
 
 test('export writes the trajectory as JSONL, one line per step', async (t) => {
@@ -303,7 +304,7 @@ test('export writes the trajectory as JSONL, one line per step', async (t) => {
   await ro.files.write('/work/f.txt', 'content\n');
   await ro.exec('printf "\\377\\376"');
   const lines: string[] = [];
-  const n = await exportRollout(Paddock.connectionOf(pdk), ro.rolloutId, (line) => {
+  const n = await exportRollout(connectionOf(pdk), ro.rolloutId, (line) => {
     lines.push(line);
   });
   t.is(n, 3);

@@ -12,9 +12,10 @@ import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import type { TestFn } from 'ava';
 import anyTest from 'ava';
-import { startNode, type NodeProcess } from '../ops/local.ts';
+import { type NodeProcess, startNode } from '../ops/local.ts';
 import { type NatsCluster, startNatsCluster } from '../ops/nats.ts';
 import { decode, encode, type Reply, subjects } from '../protocol/index.ts';
+import { connectionOf } from '../sdk/client.ts';
 import { Paddock, PaddockError } from '../sdk/index.ts';
 import { SHARED_IMAGES } from './helpers/paths.ts';
 import { eventually } from './helpers/wait.ts';
@@ -77,7 +78,7 @@ test.after.always(async (t) => {
 
 /** What each node says it runs. */
 async function nodeIds(pdk: Paddock, nodes: NodeProcess[]): Promise<Map<string, string[]>> {
-  const nc = Paddock.connectionOf(pdk);
+  const nc = connectionOf(pdk);
   const out = new Map<string, string[]>();
   for (const n of nodes) {
     const m = await nc.request(subjects.node(n.id, 'info'), encode({}), { timeout: 30_000 });

@@ -19,6 +19,7 @@ import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { LocalProvider } from '../../bridge/providers/local/index.ts';
 import { decode, subjects } from '../../protocol/index.ts';
+import { connectionOf } from '../../sdk/client.ts';
 import { Paddock } from '../../sdk/index.ts';
 import { startBridge } from '../bridge-main.ts';
 import { nodeCommand } from '../launch.ts';
@@ -45,7 +46,7 @@ const bridge = await startBridge({
   env: { PADDOCK_BRIDGE_SHAPE: `cpu=64,memory=262144,sandboxes=${CAP}`, PADDOCK_BRIDGE_MAX_MACHINES: '8', PADDOCK_BRIDGE_IDLE_MS: String(IDLE_MS), PADDOCK_BRIDGE_COOLDOWN_MS: '500', PADDOCK_BRIDGE_TAG: 'bench' },
 });
 const pdk = await Paddock.connect({ servers: cluster.url, timeoutMs: 180_000 });
-const nc = Paddock.connectionOf(pdk);
+const nc = connectionOf(pdk);
 let firstWait = 0;
 let decision = 0;
 nc.subscribe(subjects.events('*'), {

@@ -21,6 +21,7 @@ import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { jetstream } from '@nats-io/jetstream';
 import { subjects } from '../../protocol/index.ts';
+import { connectionOf } from '../../sdk/client.ts';
 import { Paddock, type Rollout, type Sandbox } from '../../sdk/index.ts';
 import { type LocalCluster, startLocalCluster } from '../local.ts';
 import { round3, type Summary, summarize } from './stats.ts';
@@ -117,7 +118,7 @@ async function measure(pdk: Paddock, o: Options): Promise<Results> {
     const execNode: number[] = [];
     const loggedNode: number[] = [];
     // The floor of a step's logging: the two JetStream writes it waits for (claim, then result), from here.
-    const js = jetstream(Paddock.connectionOf(pdk));
+    const js = jetstream(connectionOf(pdk));
     const floorId = `${ro.rolloutId}-floor`;
     const record = new Uint8Array(300);
     const floor: number[] = [];

@@ -41,7 +41,8 @@ import { loadConfig } from '../../runtime/config.ts';
 import { cfsBandwidth, ociConfig } from '../../runtime/container/oci.ts';
 import { BUSYBOX_IMAGE } from '../../runtime/images/busybox.ts';
 import { ImageStore } from '../../runtime/images/store.ts';
-import { Paddock, PaddockError, type Sandbox } from '../../sdk/index.ts';
+import { connectionOf } from '../../sdk/client.ts';
+import { PaddockError, type Sandbox } from '../../sdk/index.ts';
 import { EMIT_FN, type FloorBase, prepareFloor, runFloorScript, type Samples, scriptHead } from './floor.ts';
 import {
   type BenchCluster,
@@ -551,7 +552,7 @@ interface GroupPhase {
 }
 
 async function nodeSandboxes(b: BenchCluster): Promise<number> {
-  const m = await Paddock.connectionOf(b.pdk).request(subjects.node(b.nodeId, 'info'), encode({}), { timeout: 60_000 });
+  const m = await connectionOf(b.pdk).request(subjects.node(b.nodeId, 'info'), encode({}), { timeout: 60_000 });
   return (decode(m.data) as { ok: boolean; result: { sandboxes: number } }).result.sandboxes;
 }
 

@@ -24,6 +24,7 @@ import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { jetstreamManager } from '@nats-io/jetstream';
 import { distIsCurrent, ROOT } from '../../runtime/source.ts';
+import { connectionOf } from '../../sdk/client.ts';
 import { Paddock } from '../../sdk/index.ts';
 import { type NatsCluster, startNatsCluster } from '../nats.ts';
 import { CLK_TCK, cleanUp, cleanUpOnSignals, cpuSeconds, fmt, hostCpu, numberArg, onCleanup, progress, rssBytes, runMain, sleep, table, UsageError } from './harness.ts';
@@ -196,7 +197,7 @@ async function varz(cluster: NatsCluster): Promise<Varz> {
 
 /** Messages stored in every stream so far (sum of last sequence numbers): each write once, whatever the replicas. */
 async function jsWrites(pdk: Paddock): Promise<number> {
-  const jsm = await jetstreamManager(Paddock.connectionOf(pdk));
+  const jsm = await jetstreamManager(connectionOf(pdk));
   let n = 0;
   for await (const s of jsm.streams.list()) n += s.state.last_seq;
   return n;

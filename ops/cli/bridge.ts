@@ -5,12 +5,13 @@
 import { RequestError } from '@nats-io/transport-node';
 import type { BridgeStatus } from '../../bridge/host.ts';
 import { decode, encode, isToken, type Reply, subjects } from '../../protocol/index.ts';
-import { Paddock } from '../../sdk/index.ts';
+import { connectionOf } from '../../sdk/client.ts';
+import type { Paddock } from '../../sdk/index.ts';
 import type { Args } from './args.ts';
 import { age, json, out, table, UsageError, withClient } from './common.ts';
 
 async function ask<T>(pdk: Paddock, subject: string, timeout: number): Promise<T> {
-  const nc = Paddock.connectionOf(pdk);
+  const nc = connectionOf(pdk);
   const m = await nc.request(subject, encode({}), { timeout });
   const r = decode(m.data) as Reply<T>;
   if (!r.ok) throw new Error(`${r.error.code}: ${r.error.message}`);

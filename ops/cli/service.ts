@@ -7,11 +7,12 @@ import { spawn } from 'node:child_process';
 import { closeSync, existsSync, openSync, readdirSync, readSync, statSync } from 'node:fs';
 import { constants } from 'node:os';
 import { join } from 'node:path';
-import { DEFAULT_HOME, logsDir } from '../../protocol/discovery.ts';
 import { jetstreamManager } from '@nats-io/jetstream';
 import type { NatsConnection } from '@nats-io/transport-node';
+import { DEFAULT_HOME, logsDir } from '../../protocol/discovery.ts';
 import { Buckets, type NodeRecord, replicasFor, Streams } from '../../protocol/index.ts';
-import { Paddock } from '../../sdk/index.ts';
+import { connectionOf } from '../../sdk/client.ts';
+import type { Paddock } from '../../sdk/index.ts';
 import { nodeCommand } from '../launch.ts';
 import { alive, readUpRecord, UpError, up } from '../up.ts';
 import { type Args, positionals } from './args.ts';
@@ -133,7 +134,7 @@ export async function status(a: Args): Promise<number> {
     const infos = await Promise.all(f.nodes.map((r) => f.pdk?.nodes.info(r.node, { timeoutMs: 3000 }).catch(() => undefined)));
     const ups = homesOf(f).map((home) => ({ home, up: readUpRecord(home) }));
     if (a.values.json) {
-      json({ nats: f.pdk ? { url: Paddock.connectionOf(f.pdk).getServer(), server: Paddock.connectionOf(f.pdk).info?.version, jetstream: Paddock.connectionOf(f.pdk).info?.jetstream === true } : { error: f.error }, nodes: f.nodes.map((r, i) => ({ ...r, fnPools: (infos[i] as { fnPools?: unknown } | undefined)?.fnPools, fnImages: (infos[i] as { fnImages?: unknown } | undefined)?.fnImages })), up: ups, gateway: ups.flatMap((u) => (u.up?.http ? [{ url: `http://${u.up.http}/`, pid: u.up.pid, home: u.home }] : [])) });
+      json({ nats: f.pdk ? { url: connectionOf(f.pdk).getServer(), server: connectionOf(f.pdk).info?.version, jetstream: connectionOf(f.pdk).info?.jetstream === true } : { error: f.error }, nodes: f.nodes.map((r, i) => ({ ...r, fnPools: (infos[i] as { fnPools?: unknown } | undefined)?.fnPools, fnImages: (infos[i] as { fnImages?: unknown } | undefined)?.fnImages })), up: ups, gateway: ups.flatMap((u) => (u.up?.http ? [{ url: `http://${u.up.http}/`, pid: u.up.pid, home: u.home }] : [])) });
       return f.pdk ? 0 : 1;
     }
     if (!f.pdk) {
@@ -141,7 +142,7 @@ export async function status(a: Args): Promise<number> {
       for (const u of ups) out(`up:         ${u.up ? `pid ${u.up.pid} for ${u.home}, starting or stuck (NATS ${u.up.nats || 'not yet started'})` : `not running for ${u.home}`}`);
       return 1;
     }
-    const nc = Paddock.connectionOf(f.pdk);
+    const nc = connectionOf(f.pdk);
     out(`NATS:       ${nc.getServer()} (nats-server ${nc.info?.version ?? '?'}${nc.info?.jetstream ? ', JetStream' : ''}${nc.info?.cluster ? `; cluster ${nc.info.cluster} of ${nc.info.connect_urls?.length ?? '?'} servers` : ''})`);
     const streams = await streamReplicas(nc);
     const wanted = replicasFor(nc.info);

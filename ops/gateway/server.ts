@@ -7,7 +7,8 @@ import { createServer, request as httpRequest, type IncomingMessage, type Server
 import { Readable } from 'node:stream';
 import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest, type RouteOptions } from 'fastify';
 import { decode, GroupVerbs, isToken, Limits, type SandboxInfo, SandboxStates, subjects } from '../../protocol/index.ts';
-import { type CreateSpec, type ExecOptions, type ListOptions, Paddock, type Sandbox } from '../../sdk/index.ts';
+import { connectionOf } from '../../sdk/client.ts';
+import type { CreateSpec, ExecOptions, ListOptions, Paddock, Sandbox } from '../../sdk/index.ts';
 import { authenticate, type KeySet } from './auth.ts';
 import { serveDashboard } from './dashboard.ts';
 import { GatewayError, httpError, sendError } from './errors.ts';
@@ -208,7 +209,7 @@ async function proxyPort(pdk: Paddock, req: Req, reply: FastifyReply): Promise<v
 /** The handler of each route in routes.ts, by its operationId. */
 function handlers(o: GatewayContext): Record<string, Handler> {
   const { pdk } = o;
-  const maxPayload = Paddock.connectionOf(pdk).info?.max_payload ?? 1024 * 1024;
+  const maxPayload = connectionOf(pdk).info?.max_payload ?? 1024 * 1024;
   // Room for the rest of the request (path, msgpack framing) beside a chunk of file bytes.
   const writeChunk = Math.max(64 * 1024, Math.min(Limits.files.chunkMax, maxPayload - 64 * 1024));
   const lifecycle = (verb: 'pause' | 'resume' | 'hibernate' | 'restore'): Handler => (req) => sandbox(pdk, req.params.id)[verb]();
@@ -505,7 +506,7 @@ function handlers(o: GatewayContext): Record<string, Handler> {
       const node = str(q, 'node');
       const states = new Set(list(q, 'state'));
       const l = labels(q) ?? {};
-      const nc = Paddock.connectionOf(pdk);
+      const nc = connectionOf(pdk);
       // Subscribed at the server before the response starts: a client that acts once it has the
       // headers (creates a sandbox, say) must see every event that follows.
       const sub = nc.subscribe(subjects.events(id === undefined ? '*' : token(id, 'id')));

@@ -7,13 +7,14 @@ import { type ChildProcessByStdio, spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { appendFile, readFile, rename, stat } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
-import type { Readable, Writable } from 'node:stream';
 import { join } from 'node:path';
+import type { Readable, Writable } from 'node:stream';
 import { fileURLToPath } from 'node:url';
 import type { ExecutionContext, TestFn } from 'ava';
 import anyTest from 'ava';
 import { decode, encode, subjects } from '../../protocol/index.ts';
-import { Paddock, type Sandbox } from '../../sdk/index.ts';
+import { connectionOf } from '../../sdk/client.ts';
+import type { Sandbox } from '../../sdk/index.ts';
 import { type ClusterContext, startTestCluster, stopTestCluster } from '../helpers/cluster.ts';
 import { NEIGHBOUR_RATIO_MAX, type Row } from './report.ts';
 
@@ -97,7 +98,7 @@ export function advTest(opts: { env?: Record<string, string> } = {}): TestFn<Adv
 export async function nodeServes(c: AdvContext): Promise<boolean> {
   try {
     const node = c.cluster.nodes[0]?.id as string;
-    const m = await Paddock.connectionOf(c.pdk).request(subjects.node(node, 'info'), encode({}), { timeout: 10_000 });
+    const m = await connectionOf(c.pdk).request(subjects.node(node, 'info'), encode({}), { timeout: 10_000 });
     const reply = decode(m.data) as { ok: boolean };
     const r = await c.neighbour.exec(['echo', 'alive'], { timeoutMs: 10_000 });
     return reply.ok && r.stdout === 'alive\n';

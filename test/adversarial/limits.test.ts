@@ -5,7 +5,8 @@ import { join } from 'node:path';
 import { createInbox } from '@nats-io/transport-node';
 import type { ExecutionContext } from 'ava';
 import { decode, encode, subjects } from '../../protocol/index.ts';
-import { Paddock, PaddockError, type Sandbox } from '../../sdk/index.ts';
+import { connectionOf } from '../../sdk/client.ts';
+import { PaddockError, type Sandbox } from '../../sdk/index.ts';
 import { type AdvContext, advTest, only, probeBinary, sustained, underAttack } from './harness.ts';
 
 const test = advTest();
@@ -163,7 +164,7 @@ test.serial('with the default spec a disk filler ends in DISK_LIMIT (not MEMORY_
 
 /** A streamed exec driven on the wire, so the test can cancel or kill it and still read its exit. */
 async function streamedVerdict(t: ExecutionContext<AdvContext>, sb: Sandbox, stop: (execId: string) => Promise<unknown>): Promise<string> {
-  const nc = Paddock.connectionOf(t.context.pdk);
+  const nc = connectionOf(t.context.pdk);
   const inbox = createInbox();
   const sub = nc.subscribe(inbox);
   const execId = `x${Math.random().toString(36).slice(2, 10)}`;
@@ -186,7 +187,7 @@ async function streamedVerdict(t: ExecutionContext<AdvContext>, sb: Sandbox, sto
 test.serial('a streamed exec cancelled with exec.cancel ends with CANCELLED', async (t) => {
   const sb = await t.context.pdk.sandboxes.create({ cpu: 1 });
   t.teardown(() => sb.kill());
-  const nc = Paddock.connectionOf(t.context.pdk);
+  const nc = connectionOf(t.context.pdk);
   await underAttack(t, 'streamed exec, exec.cancel', 'CANCELLED', async () =>
     only(await sustained(1000, () => streamedVerdict(t, sb, (execId) => nc.request(subjects.sandbox(sb.id, 'exec.cancel'), encode({ execId }), { timeout: 10_000 })))),
   );

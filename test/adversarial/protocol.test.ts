@@ -5,9 +5,10 @@ import { mkdtemp, rm, stat } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
-import { RootFiles } from '../../runtime/files.ts';
 import { decode, encode, subjects } from '../../protocol/index.ts';
-import { Paddock, PaddockError } from '../../sdk/index.ts';
+import { RootFiles } from '../../runtime/files.ts';
+import { connectionOf } from '../../sdk/client.ts';
+import { PaddockError } from '../../sdk/index.ts';
 import { advTest, only, probeBinary, sustained, underAttack } from './harness.ts';
 
 const test = advTest();
@@ -18,7 +19,7 @@ test.serial('malformed and oversized protocol messages get error codes and the n
   const sb = await pdk.sandboxes.create({ cpu: 1 });
   t.teardown(() => sb.kill());
   const node = cluster.nodes[0]?.id as string;
-  const nc = Paddock.connectionOf(pdk);
+  const nc = connectionOf(pdk);
   const maxPayload = nc.info?.max_payload ?? 1024 * 1024;
   const codes = new Set<string>();
   const ask = async (subject: string, data: Uint8Array) => {
