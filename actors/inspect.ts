@@ -36,13 +36,16 @@ export function transitionInspector(log: Logger): Inspector {
     last.set(ref, state);
     const machine = (ev.actorRef as { logic?: { id?: string } }).logic?.id ?? 'actor';
     const id = typeof snap.context?.id === 'string' ? snap.context.id : undefined;
-    const attrs: Attributes = { 'actor.machine': machine, 'actor.state': state, 'actor.event': ev.event.type };
-    if (before !== undefined) attrs['actor.from'] = before;
-    if (id) attrs[`${machine}.id`] = id;
+    const attrs: Attributes = { 'paddock.actor.machine': machine, 'paddock.actor.state': state, 'paddock.actor.event': ev.event.type };
+    if (before !== undefined) attrs['paddock.actor.from'] = before;
+    if (id) attrs[`paddock.${machine}.id`] = id;
+    // A timer (ttl, idle) fires in the async context it was set in: the request that started it,
+    // whose span ended long ago. An event added to an ended span is dropped, so such a transition
+    // gets a span of its own, a root: no request is behind it.
     const span = trace.getActiveSpan();
-    if (span) span.addEvent(`${machine}.transition`, attrs);
+    if (span?.isRecording()) span.addEvent(`${machine}.transition`, attrs);
     else {
-      const own = tracer.startSpan(`${machine}.transition`, { attributes: attrs });
+      const own = tracer.startSpan(`${machine}.transition`, { attributes: attrs, root: true });
       own.addEvent(`${machine}.transition`, attrs);
       own.end();
     }

@@ -6,8 +6,8 @@
  * it marks the directory records a previous run of this node left live as failed.
  *
  * Everything it talks to is handed in: the connection, the two KV buckets, the backends, the
- * images, the command log and the clock. The node process's composition root (ops/node-main.ts)
- * opens them.
+ * images, the command log and the clock. The node's composition root (ops/node-process.ts) opens
+ * them.
  */
 import type { KV } from '@nats-io/kv';
 import type { NatsConnection, Subscription } from '@nats-io/transport-node';
@@ -17,8 +17,8 @@ import type { StepJournal } from '../chronus/journal.ts';
 import {
   type BackendKind,
   type BackendOffer,
-  check,
   type CreateReply,
+  check,
   decode,
   diskMiBOf,
   encode,
@@ -26,13 +26,13 @@ import {
   type ForkRequest,
   type GroupVerb,
   Limits,
+  type NodeRecord,
   newSandboxId,
   newSnapshotId,
-  type NodeRecord,
   ProtocolError,
   type Resources,
-  type SandboxSpec,
   type SandboxInfo,
+  type SandboxSpec,
   Schema,
   type SnapshotInfo,
   type SnapshotsDeleteReply,
@@ -43,6 +43,7 @@ import {
   validateCreate,
   validateNodeGroup,
 } from '../protocol/index.ts';
+import { Attr } from '../protocol/trace.ts';
 import { canSnapshot, keepsSnapshots } from '../runtime/backend.ts';
 import type { BackendSet } from '../runtime/backends.ts';
 import type { NodeConfig } from '../runtime/config.ts';
@@ -665,7 +666,7 @@ export class NodeHost {
       for (const id of victims) {
         const h = this.sandboxes.get(id);
         if (!h) continue;
-        await tracer.startActiveSpan('node.pressure.hibernate', { attributes: { 'sandbox.id': id, 'node.memory': describe(reading), 'sandbox.idle_ms': now - h.idleSince() } }, async (span) => {
+        await tracer.startActiveSpan('node.pressure.hibernate', { attributes: { [Attr.sandboxId]: id, [Attr.nodeId]: this.id, [Attr.backend]: h.spec.backend, 'paddock.node.memory': describe(reading), 'paddock.sandbox.idle_ms': now - h.idleSince() } }, async (span) => {
           try {
             const info = await h.lifecycle({ type: 'HIBERNATE', why: 'pressure' });
             this.log.warn({ sandbox: id, idleMs: now - h.idleSince(), released: info.released, memory: reading }, 'hibernated under memory pressure');

@@ -10,7 +10,7 @@
 import type { KV } from '@nats-io/kv';
 import type { NatsConnection, Subscription } from '@nats-io/transport-node';
 import type { Logger } from 'pino';
-import { type Actor, createActor } from 'xstate';
+import { type Actor, createActor, type InspectionEvent } from 'xstate';
 import { Buckets, decode, encode, ensureBucket, type FewerReplicas, fewerReplicasWarning, type NodeRecord, replicasFor, subjects } from '../protocol/index.ts';
 import { traceHeaders } from '../protocol/trace.ts';
 import { type BridgeContext, bridgeMachine, canProvision, type Decision, type Demand, type NodeView, type Policy } from './machine.ts';
@@ -29,6 +29,8 @@ export interface BridgeOptions {
   tag?: string;
   leaseMs?: number;
   tickMs?: number;
+  /** Sees every transition of the bridge's machine (ops hands in the node's transition inspector: a span event and a debug line each). */
+  inspect?: (ev: InspectionEvent) => void;
 }
 
 /** A placement replica that has not said what waits for this long has stopped waiting. */
@@ -171,7 +173,7 @@ export class BridgeHost {
           decide: (_, d) => this.decide(d),
         },
       }),
-      { input: { policy: this.o.policy, prefix: `${this.tag}-m${Date.now().toString(36)}-` } },
+      { input: { policy: this.o.policy, prefix: `${this.tag}-m${Date.now().toString(36)}-` }, ...(this.o.inspect ? { inspect: this.o.inspect } : {}) },
     );
     this.actor = actor;
     actor.start();

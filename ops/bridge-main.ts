@@ -8,12 +8,13 @@ import { hostname } from 'node:os';
 import { join } from 'node:path';
 import { connect, type NatsConnection } from '@nats-io/transport-node';
 import type { Logger } from 'pino';
+import { transitionInspector } from '../actors/inspect.ts';
 import { policyFromEnv } from '../bridge/config.ts';
 import { BridgeHost } from '../bridge/host.ts';
 import type { Provider } from '../bridge/provider.ts';
 import { LocalProvider } from '../bridge/providers/local/index.ts';
 import { parseHosts, SshProvider } from '../bridge/providers/ssh/index.ts';
-import { DEFAULT_HOME } from '../protocol/discovery.ts';
+import { DEFAULT_HOME, natsServers } from '../protocol/discovery.ts';
 import { nodeCommand } from './launch.ts';
 import { createLogger } from './log.ts';
 
@@ -56,7 +57,7 @@ export interface RunningBridge {
 export async function startBridge(o: { natsUrl: string; nc?: NatsConnection; log?: Logger; provider?: Provider; env?: NodeJS.ProcessEnv; owner?: string }): Promise<RunningBridge> {
   const env = o.env ?? process.env;
   const log = o.log ?? createLogger('paddock-bridge');
-  const nc = o.nc ?? (await connect({ servers: o.natsUrl, name: 'paddock-bridge', maxReconnectAttempts: -1 }));
+  const nc = o.nc ?? (await connect({ servers: natsServers(o.natsUrl), name: 'paddock-bridge', maxReconnectAttempts: -1 }));
   const host = new BridgeHost({
     nc,
     provider: o.provider ?? providerFromEnv(env),
@@ -64,6 +65,7 @@ export async function startBridge(o: { natsUrl: string; nc?: NatsConnection; log
     log,
     natsUrl: o.natsUrl,
     owner: o.owner ?? `${hostname()}-${process.pid}`,
+    inspect: transitionInspector(log),
     tag: env.PADDOCK_BRIDGE_TAG || 'default',
   });
   await host.start();

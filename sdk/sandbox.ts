@@ -1,37 +1,37 @@
 /** A handle on one sandbox: exec, streamed exec, files, kill. Small on purpose; verbs group under sub-objects. */
 import { Readable } from 'node:stream';
 import { createInbox, type Msg } from '@nats-io/transport-node';
+import { type Attributes, context, SpanKind, SpanStatusCode, trace } from '@opentelemetry/api';
 import { create as createTar } from 'tar';
-import { context, SpanKind, SpanStatusCode, trace } from '@opentelemetry/api';
 import {
+  type ComputerAction,
+  type ComputerReply,
   decode,
-  encode,
   type ExecEvent,
   type ExecResumeReply,
-  type ExecResult as WireExecResult,
   type ExecVerdict,
-  type FileEntry,
+  encode,
   type FileChange,
+  type FileEntry,
   type FilesDownloadReply,
   type FilesReadReply,
   type FilesUploadReply,
   type FilesWatchLeaseReply,
-  type FileWatchEvent,
   type FilesWriteReply,
-  type NetworkPolicy,
+  type FileWatchEvent,
+  type ForkReply,
   Limits,
+  type NetworkPolicy,
   type Reply,
   type SandboxInfo,
   type SandboxStats,
-  type Screenshot,
-  type ForkReply,
-  type SnapshotInfo,
-  type ComputerAction,
-  type ComputerReply,
   type SandboxVerb,
   SandboxVerbTable,
+  type Screenshot,
+  type SnapshotInfo,
   subjects,
   subjectTemplate,
+  type ExecResult as WireExecResult,
 } from '../protocol/index.ts';
 import { Attr, traceHeaders } from '../protocol/trace.ts';
 import { CancelledError, errorFromWire, NotFoundError, TimeoutError, UnavailableError } from './errors.ts';
@@ -179,7 +179,16 @@ export class Sandbox {
     // mean anything there, and the directory says how it ended without a request that cannot succeed.
     const st = this.info.state;
     if ((st === 'stopped' || st === 'failed') && !SandboxVerbTable[verb].states.includes(st)) return this.gone();
-    return this.t.request<T>(subjects.sandbox(this.id, verb), body, opts, () => this.gone());
+    return this.t.request<T>(subjects.sandbox(this.id, verb), body, opts, () => this.gone(), this.spanAttributes());
+  }
+
+  /** Where the sandbox runs, for its calls' spans: replies such as exec's do not say. */
+  private spanAttributes(): Attributes {
+    const a: Attributes = {};
+    // A handle made from an id alone (the gateway's) knows neither until it is refreshed.
+    if (this.info.node) a[Attr.nodeId] = this.info.node;
+    if (this.info.backend) a[Attr.backend] = this.info.backend;
+    return a;
   }
 
   /** No actor answers: the sandbox ended (say how) or never existed. */
@@ -261,7 +270,7 @@ export class Sandbox {
     };
     const stopReconnect = this.t.onReconnect(() => resume('reconnect'));
     const idleMs = body.timeoutMs + REPLY_MARGIN_MS;
-    const span = sdkTracer.startSpan(`exec.stream ${subjectTemplate(subjects.sandbox(this.id, 'exec')).template}`, { kind: SpanKind.CLIENT, attributes: { ...clientAttrs(subjects.sandbox(this.id, 'exec'), 'exec.stream'), [Attr.execId]: execId } });
+    const span = sdkTracer.startSpan(`exec.stream ${subjectTemplate(subjects.sandbox(this.id, 'exec')).template}`, { kind: SpanKind.CLIENT, attributes: { ...clientAttrs(subjects.sandbox(this.id, 'exec'), 'exec.stream'), ...this.spanAttributes(), [Attr.execId]: execId } });
     try {
       const data = encode({ ...body, stream: true, execId });
       this.t.checkSize(subjects.sandbox(this.id, 'exec'), data);

@@ -1,5 +1,5 @@
 /** Request/reply over NATS with the protocol's envelope, timeouts, cancellation and trace headers. */
-import { type Msg, type NatsConnection, RequestError, TimeoutError as NatsTimeout } from '@nats-io/transport-node';
+import { type Msg, type NatsConnection, TimeoutError as NatsTimeout, RequestError } from '@nats-io/transport-node';
 import { type Attributes, type Span, SpanKind, SpanStatusCode, trace } from '@opentelemetry/api';
 import { ConnectionLost, type ConnectionWatch, connectionWatch, request } from '../protocol/connection.ts';
 import { decode, encode, mayResend, natsFailure, type Reply, subjectTemplate } from '../protocol/index.ts';
@@ -55,9 +55,9 @@ export class Transport {
    * tracer provider registered by the application, each call is a client span (`<verb> <subject
    * template>`) whose context travels in the request's headers.
    */
-  request<T>(subject: string, body: unknown, opts: CallOptions = {}, onNoResponders?: () => Promise<T>): Promise<T> {
+  request<T>(subject: string, body: unknown, opts: CallOptions = {}, onNoResponders?: () => Promise<T>, attributes?: Attributes): Promise<T> {
     const { template, op } = subjectTemplate(subject);
-    return sdkTracer.startActiveSpan(`${op} ${template}`, { kind: SpanKind.CLIENT, attributes: clientAttrs(subject, op) }, async (span) => {
+    return sdkTracer.startActiveSpan(`${op} ${template}`, { kind: SpanKind.CLIENT, attributes: { ...clientAttrs(subject, op), ...attributes } }, async (span) => {
       try {
         const result = await this.send<T>(subject, body, opts, onNoResponders);
         const r = result as { verdict?: unknown; exitCode?: unknown; node?: unknown; backend?: unknown; sandbox?: { id?: unknown; node?: unknown; backend?: unknown } } | null;

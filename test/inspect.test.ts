@@ -37,15 +37,15 @@ test('every transition is a span event: on the active span, or on a span of its 
 
   const spans = exporter.getFinishedSpans();
   const req = spans.find((s) => s.name === 'request');
-  const states = req?.events.map((e) => e.attributes?.['actor.state']);
+  const states = req?.events.map((e) => e.attributes?.['paddock.actor.state']);
   t.true(states?.includes('live.running.idle'), `${states}`);
   t.true(states?.includes('live.paused'), `${states}`);
   const own = spans.filter((s) => s.name === 'sandbox.transition');
-  const ttl = own.find((s) => s.attributes['actor.state'] === 'stopping');
+  const ttl = own.find((s) => s.attributes['paddock.actor.state'] === 'stopping');
   t.truthy(ttl, 'the ttl transition has a span of its own');
-  t.is(ttl?.attributes['actor.event'], 'xstate.after.ttl.sandbox.live');
-  t.is(ttl?.attributes['sandbox.id'], 'sb-i');
-  t.true(own.some((s) => s.attributes['actor.state'] === 'stopped'));
+  t.is(ttl?.attributes['paddock.actor.event'], 'xstate.after.ttl.sandbox.live');
+  t.is(ttl?.attributes['paddock.sandbox.id'], 'sb-i');
+  t.true(own.some((s) => s.attributes['paddock.actor.state'] === 'stopped'));
   // And a debug line each.
   t.true(lines.some((l) => l.msg === 'transition' && l.state === 'stopping'));
 });
