@@ -17,13 +17,13 @@ import { JetStreamApiCodes, JetStreamApiError, type JetStreamClient, type JetStr
 import type { KV } from '@nats-io/kv';
 import type { NatsConnection } from '@nats-io/transport-node';
 import type { Logger } from 'pino';
-import { type ExecResult, type FilesWriteReply, fewerReplicasWarning, Limits, ProtocolError, subjects, toWireError } from '../protocol/index.ts';
+import { type ExecResult, type FilesWriteReply, fewerReplicasWarning, Limits, ProtocolError, scanKv, subjects, toWireError } from '../protocol/index.ts';
 import type { ChronusConfig } from './config.ts';
 import { ensureChronus, lastRecord, purgeRollout, recordedSteps, type StoredRecord } from './log.ts';
 import {
   assertSameRequest,
   type DigestInput,
-  decodeRolloutRecord,
+  asRolloutRecord,
   describeExec,
   describeWrite,
   type ExecStepRequest,
@@ -363,15 +363,12 @@ export class Journal implements StepJournal {
   /** Deletes the logs of rollouts past their retention; returns their ids. */
   async sweep(now = Date.now()): Promise<string[]> {
     const gone: string[] = [];
-    const keys: string[] = [];
-    for await (const k of await this.rollouts.keys()) keys.push(k);
-    for (const k of keys) {
-      const e = await this.rollouts.get(k);
-      if (e?.operation !== 'PUT') continue;
+    // One pass over the bucket (not a get per key); a value that is not a rollout record is left alone.
+    for (const { key: k, value, revision } of await scanKv<unknown>(this.rollouts)) {
       let keepMs: number;
       let touchedAt: number;
       try {
-        const r = decodeRolloutRecord(e.value);
+        const r = asRolloutRecord(value);
         keepMs = r.retentionSec * 1000;
         touchedAt = r.touchedAt;
       } catch {
@@ -383,7 +380,7 @@ export class Journal implements StepJournal {
       const last = lastStep === undefined ? null : await lastRecord(this.jsm, k, lastStep);
       if (last && last.time + keepMs > now) continue;
       // Attached (touched) since we read it: keep it.
-      const deleted = await this.rollouts.delete(k, { previousSeq: e.revision }).then(
+      const deleted = await this.rollouts.delete(k, { previousSeq: revision }).then(
         () => true,
         () => false,
       );

@@ -165,13 +165,21 @@ export async function up(o: { nats?: string; say: (s: string) => void; show: (s:
   };
   for (const sig of ['SIGINT', 'SIGTERM', 'SIGHUP'] as const) process.on(sig, () => shutdown(sig, 0));
 
-  const record = (extra: Partial<UpRecord>): UpRecord => ({ pid: process.pid, home, nats: joinUrl ?? '', node: nodeId, logs, startedAt: Date.now(), ...extra });
+  const startedAt = Date.now();
+  let natsUrl: string | undefined;
+  const record = (extra: Partial<UpRecord>): UpRecord => ({ pid: process.pid, home, nats: joinUrl ?? '', node: nodeId, logs, startedAt, ...extra });
+  // One writer for the record after the first: whatever restarted (NATS, the node), the record
+  // says what runs now, the gateway included.
+  const writeRecord = () =>
+    writeAtomic(
+      pidFile,
+      `${JSON.stringify(record({ nats: natsUrl ?? joinUrl ?? '', ...(nats?.proc.pid ? { natsPid: nats.proc.pid } : {}), ...(node?.proc.pid ? { nodePid: node.proc.pid } : {}), ...(gateway ? { http: gateway.address } : {}) }))}\n`,
+    );
   try {
     await mkdir(home, { recursive: true });
     // Written first, so that `paddock down` can stop a start that is still under way.
     await writeAtomic(pidFile, `${JSON.stringify(record({}))}\n`);
     wrotePid = true;
-    let natsUrl: string;
     if (joinUrl) {
       natsUrl = joinUrl;
       o.say(`joining NATS at ${natsUrl}`);
@@ -202,7 +210,7 @@ export async function up(o: { nats?: string; say: (s: string) => void; show: (s:
             if (stopping) return void (await next.stop());
             nats = next;
             watchNats(next);
-            await writeAtomic(pidFile, `${JSON.stringify(record({ nats: next.url, natsPid: next.proc.pid, ...(node?.proc.pid ? { nodePid: node.proc.pid } : {}) }))}\n`);
+            await writeRecord();
             o.say(`nats-server is back at ${next.url}`);
             return;
           } catch (err) {
@@ -217,13 +225,12 @@ export async function up(o: { nats?: string; say: (s: string) => void; show: (s:
       wroteUrl = natsUrl;
     }
     if (stopping) return await finished;
-    await writeAtomic(pidFile, `${JSON.stringify(record({ nats: natsUrl, ...(nats?.proc.pid ? { natsPid: nats.proc.pid } : {}) }))}\n`);
+    await writeRecord();
     o.say(`starting node ${nodeId} (it builds the busybox base layer when missing; log in ${join(logs, `node-${nodeId}.log`)})`);
     const nodeOpts = { natsUrl, home, id: nodeId, inheritLogs: false, onLine: (l: string) => progressLine(l, o.say) };
     starting = startNode(nodeOpts);
     node = await starting;
     const nodeRestarts: number[] = [];
-    const writeRecord = (nd: NodeProcess) => writeAtomic(pidFile, `${JSON.stringify(record({ nats: natsUrl, ...(nats?.proc.pid ? { natsPid: nats.proc.pid } : {}), ...(nd.proc.pid ? { nodePid: nd.proc.pid } : {}), ...(gateway ? { http: gateway.address } : {}) }))}\n`);
     // A node that dies (SIGKILL, OOM killer) is started again under the same id: its start removes
     // what its predecessor's sandboxes left and marks their records failed, so nothing runs on
     // unseen and `ps` lists no ghosts. NATS stays up meanwhile.
@@ -240,19 +247,18 @@ export async function up(o: { nats?: string; say: (s: string) => void; show: (s:
           node = next;
           if (stopping) return;
           watchNode(next);
-          await writeRecord(next);
+          await writeRecord();
           o.say(`node ${next.id} is back`);
         } catch (err) {
           shutdown(`node ${nd.id} could not be restarted: ${(err as Error).message}`, 1);
         }
       });
     watchNode(node);
-    const nd = node;
     if (stopping) return await finished;
     gateway = await startUpGateway(natsUrl, o.show);
     // The bridge runs only when a provider is configured (bridge/config.ts).
     if (process.env.PADDOCK_BRIDGE_PROVIDER) bridge = await startBridge({ natsUrl });
-    await writeRecord(nd);
+    await writeRecord();
     o.show(banner({ root: ROOT, natsUrl, embedded: nats !== undefined, home, nodeId, logs, urlFile, placement: process.env.PADDOCK_PLACEMENT !== '0', ...(gateway ? { http: gateway.address } : {}) }));
     return await finished;
   } catch (err) {

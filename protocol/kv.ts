@@ -21,7 +21,7 @@ const SCAN_TIMEOUT_MS = 60_000;
  * has seen the stream's last sequence as of just after the consumer was made: every key's last
  * value at that moment comes at or before it, in stream order.
  */
-export async function scanKv<T>(kv: KV, opts: ScanOptions = {}): Promise<Array<{ key: string; value: T }>> {
+export async function scanKv<T>(kv: KV, opts: ScanOptions = {}): Promise<Array<{ key: string; value: T; revision: number }>> {
   if (!(kv instanceof Bucket)) throw new TypeError('scanKv: not a JetStream KV bucket');
   const deadline = opts.deadline ?? Date.now() + SCAN_TIMEOUT_MS;
   if (opts.signal?.aborted) throw new ProtocolError('CANCELLED', 'the listing was cancelled');
@@ -53,11 +53,11 @@ export async function scanKv<T>(kv: KV, opts: ScanOptions = {}): Promise<Array<{
     await iter.close().catch(() => {});
   }
   if (why) throw why;
-  const out: Array<{ key: string; value: T }> = [];
+  const out: Array<{ key: string; value: T; revision: number }> = [];
   for (const [key, m] of latest) {
     const op = m.headers?.get('KV-Operation');
     if (op === 'DEL' || op === 'PURGE') continue;
-    out.push({ key, value: decode(m.data) as T });
+    out.push({ key, value: decode(m.data) as T, revision: m.seq });
   }
   return out;
 }

@@ -205,7 +205,11 @@ export function decodeRecord(data: Uint8Array): StepRecord {
 // ─── Rollouts ───────────────────────────────────────────────────────────────────────────────────
 
 export function decodeRolloutRecord(data: Uint8Array): RolloutRecord {
-  const r = decode(data);
+  return asRolloutRecord(decode(data));
+}
+
+/** A decoded `pdk_rollouts` value as a rollout record, or CORRUPT_LOG. */
+export function asRolloutRecord(r: unknown): RolloutRecord {
   if (!isRecordMap(r) || r.v !== 1 || !isToken(r.rolloutId) || typeof r.sandbox !== 'string') bad('not a rollout record');
   return r as unknown as RolloutRecord;
 }

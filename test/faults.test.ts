@@ -5,7 +5,7 @@
  * true, no output lost without a marker, a clear error instead of a long silence.
  */
 import { type ChildProcess, spawn } from 'node:child_process';
-import { readFileSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
@@ -14,9 +14,9 @@ import { fileURLToPath } from 'node:url';
 import { JetStreamApiError, jetstreamManager } from '@nats-io/jetstream';
 import { connect } from '@nats-io/transport-node';
 import anyTest, { type TestFn } from 'ava';
-import { natsFailure } from '../protocol/index.ts';
 import { type NodeProcess, startNode } from '../ops/local.ts';
-import { type ExecStreamEvent, Paddock } from '../sdk/index.ts';
+import { natsFailure } from '../protocol/index.ts';
+import { type ExecStreamEvent, Paddock, PaddockError } from '../sdk/index.ts';
 import { type ClusterContext, SHARED_IMAGES, startTestCluster, stopTestCluster } from './helpers/cluster.ts';
 import { eventually } from './helpers/wait.ts';
 
@@ -191,7 +191,7 @@ async function paddockUp(t: { teardown(fn: () => Promise<void>): void }) {
   });
   const ready = await eventually(async () => text.includes('Paddock is up') || child.exitCode !== null, 300_000);
   if (!ready || !text.includes('Paddock is up')) throw new Error(`paddock up did not come up:\n${text}`);
-  const record = () => JSON.parse(readFileSync(join(home, 'paddock.pid'), 'utf8')) as { pid: number; nats: string; natsPid?: number; nodePid?: number };
+  const record = () => JSON.parse(readFileSync(join(home, 'paddock.pid'), 'utf8')) as { pid: number; nats: string; natsPid?: number; nodePid?: number; node: string; http?: string; startedAt: number };
   return { child, home, exited, record, out: () => text };
 }
 
@@ -205,6 +205,14 @@ function alive(pid: number | undefined): boolean {
   }
 }
 
+/** Whether any cgroup hierarchy still holds a directory for this sandbox of this node. */
+function cgroupLeft(node: string, id: string): boolean {
+  for (const root of ['/sys/fs/cgroup', '/sys/fs/cgroup/pids', '/sys/fs/cgroup/memory', '/sys/fs/cgroup/cpu,cpuacct']) {
+    if (existsSync(join(root, 'paddock', node, id))) return true;
+  }
+  return false;
+}
+
 test.serial('paddock up restarts a nats-server and a node that died, and stops NATS only when stopped', async (t) => {
   t.timeout(300_000);
   const up = await paddockUp(t);
@@ -214,8 +222,16 @@ test.serial('paddock up restarts a nats-server and a node that died, and stops N
   const sb = await pdk.sandboxes.create({ image: 'busybox', memoryMiB: 64 });
   await sb.files.write('/tmp/state', 'kept');
 
-  // nats-server dies: up starts it again on the same port; the sandbox never notices.
-  process.kill(first.natsPid as number, 'SIGTERM');
+  // nats-server dies (SIGTERM, as a person or an OOM-averse init would send it) in the middle of
+  // a streamed exec: up starts it again on the same port; the sandbox never notices and the
+  // stream carries on with every line, none lost and no gap.
+  const script = 'i=0; while [ $i -lt 30 ]; do echo line$i; i=$((i+1)); sleep 0.1; done';
+  const streamed = await drain(sb.execStream(['sh', '-c', script]), async (n) => {
+    if (n === 3) process.kill(first.natsPid as number, 'SIGTERM');
+  });
+  t.is(streamed.exit, 0);
+  t.deepEqual(streamed.gaps, []);
+  t.is(streamed.out, Array.from({ length: 30 }, (_, i) => `line${i}\n`).join(''));
   const second = await eventually(async () => {
     const r = up.record();
     return r.natsPid !== first.natsPid && alive(r.natsPid) ? r : undefined;
@@ -223,23 +239,49 @@ test.serial('paddock up restarts a nats-server and a node that died, and stops N
   t.truthy(second, up.out());
   t.is(second?.nats, first.nats);
   t.is(up.child.exitCode, null, 'up is still running');
+  // The record still names everything up runs (`paddock status` reads it), the gateway included.
+  const after = up.record();
+  t.truthy(first.http);
+  t.is(after.http, first.http);
+  t.is(after.startedAt, first.startedAt);
   const r = await eventually(() => sb.exec(['cat', '/tmp/state'], { timeoutMs: 5000 }));
   t.is(r?.stdout, 'kept');
   t.is((await sb.refresh()).state, 'running');
 
-  // The node is SIGKILLed: up starts it again; its start cleans up and says what was lost.
+  // The node is SIGKILLed in the middle of 20 creates: every create ends with a clear code (the
+  // ones it had not answered cannot know whether it made them), up starts the node again, and its
+  // start removes what the killed one left and says so in the records: no orphan keeps running.
+  const creates = Array.from({ length: 20 }, () => pdk.sandboxes.create({ image: 'busybox', memoryMiB: 64 }, { timeoutMs: 20_000 }));
+  const made = await eventually(async () => {
+    const mine = (await pdk.sandboxes.list({ node: first.node })).filter((s) => s.id !== sb.id);
+    return mine.length >= 4 ? mine : undefined;
+  }, 120_000);
+  t.truthy(made, 'four creates went through before the kill');
   process.kill(first.nodePid as number, 'SIGKILL');
+  const settled = await Promise.allSettled(creates);
+  for (const s of settled) {
+    if (s.status === 'rejected') {
+      t.true(s.reason instanceof PaddockError, String(s.reason));
+      t.true(['TIMEOUT', 'UNAVAILABLE'].includes((s.reason as PaddockError).code), String(s.reason));
+    }
+  }
   const third = await eventually(async () => {
     const rec = up.record();
     return rec.nodePid !== first.nodePid && alive(rec.nodePid) ? rec : undefined;
   }, 120_000);
   t.truthy(third, up.out());
   t.true(alive(third?.natsPid), 'NATS stayed up while the node was down');
-  const rec = await eventually(async () => {
-    const s = (await pdk.sandboxes.list({ all: true })).find((x) => x.id === sb.id);
-    return s?.state === 'failed' ? s : undefined;
-  });
-  t.is(rec?.reason, 'node_restarted');
+  const lost = [sb.id, ...(made ?? []).map((s) => s.id), ...settled.flatMap((s) => (s.status === 'fulfilled' ? [s.value.id] : []))];
+  const ended = await eventually(async () => {
+    const all = await pdk.sandboxes.list({ all: true, node: first.node });
+    const recs = lost.map((id) => all.find((x) => x.id === id));
+    return recs.every((x) => x?.state === 'failed') ? recs : undefined;
+  }, 60_000);
+  t.truthy(ended, 'every sandbox the killed node held is recorded as failed');
+  for (const rec of ended ?? []) t.is(rec?.reason, 'node_restarted');
+  // Nothing of theirs is left on the host, and no record claims a sandbox runs that does not.
+  t.deepEqual(lost.filter((id) => cgroupLeft(first.node, id)), []);
+  t.deepEqual((await pdk.sandboxes.list({ node: first.node })).map((s) => s.id), []);
   const again = await pdk.sandboxes.create({ image: 'busybox', memoryMiB: 64 });
   t.is((await again.exec(['echo', 'ok'])).stdout, 'ok\n');
   await again.kill();

@@ -12,7 +12,7 @@ import { ensureLanguageImages } from '../../runtime/fncall/languages.ts';
 import { type ImageManifest, ImageStore } from '../../runtime/images/store.ts';
 import type { FnRequest, FnResult } from '../../sdk/index.ts';
 import { parseFlags } from './args.ts';
-import { connect, type GlobalFlags, out, UsageError } from './common.ts';
+import { connect, type GlobalFlags, out, positiveNumber, UsageError } from './common.ts';
 
 export const FN_USAGE = `Usage: paddock fn <command>
 
@@ -42,13 +42,6 @@ export interface FnCliIo {
 }
 
 const BY_EXTENSION: Record<string, FnLanguage> = { '.py': 'python', '.c': 'c', '.cpp': 'cpp', '.cc': 'cpp', '.cxx': 'cpp', '.sh': 'bash', '.bash': 'bash' };
-
-function positive(flag: string, v: string | undefined): number | undefined {
-  if (v === undefined) return undefined;
-  const n = Number(v);
-  if (v.trim() === '' || !Number.isInteger(n) || n < 0) throw new FnUsageError(`--${flag} ${v}: must be a whole number`);
-  return n;
-}
 
 async function readAll(s: NodeJS.ReadableStream): Promise<Buffer> {
   const chunks: Buffer[] = [];
@@ -105,7 +98,7 @@ export async function fnCommand(argv: string[], io: FnCliIo): Promise<number> {
       });
       const limits: Partial<FnLimits> = {};
       const set = (k: keyof FnLimits, flag: string, v: string | undefined) => {
-        const n = positive(flag, v);
+        const n = positiveNumber(flag, v, true);
         if (n !== undefined) limits[k] = n;
       };
       set('timeMs', 'time-limit', values['time-limit']);
