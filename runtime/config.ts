@@ -158,6 +158,8 @@ export const ENV_DOC: Record<string, string> = {
   PADDOCK_PIN_CPUS: '0 turns CPU pinning off (nproc then shows the node CPUs; the CFS quota still holds)',
   PADDOCK_LXCFS: '0 starts no lxcfs (sandboxes then see the host /proc/meminfo)',
   PADDOCK_FILES_WRITE_MIBPS: 'files.write bandwidth per sandbox after a 16 MiB burst (default 32)',
+  PADDOCK_EXEC_OUTPUT_MIBPS: 'output bandwidth of a sandbox\'s commands (exec, streams, processes) after a 16 MiB burst (default 16); past it the command waits on its pipe',
+  PADDOCK_NODE_OUTPUT_MIBPS: 'output bandwidth of all commands on the node after a 32 MiB burst (default 16)',
   PADDOCK_TRACES: 'console | otlp: export OpenTelemetry spans (OTLP endpoint from OTEL_EXPORTER_OTLP_ENDPOINT)',
   PADDOCK_LOG_LEVEL: 'pino level (default info)',
   PADDOCK_CPU_PROFILE: 'directory: SIGUSR2 starts a V8 CPU profile of the node, a second SIGUSR2 writes it there',

@@ -21,6 +21,7 @@ import type { FileEntry, FileType } from '../protocol/index.ts';
 import { Limits, ProtocolError } from '../protocol/index.ts';
 import { TarUpload, type TreeRoot, tarOf } from './files-tree.ts';
 import { TreeWatch, type WatchEvent, type WatchRoot } from './files-watch.ts';
+import { ByteBudget } from './limit.ts';
 import { emptyTree as emptyTreeInWorker } from './tree-remove.ts';
 
 const { O_RDONLY, O_WRONLY, O_CREAT, O_TRUNC, O_NOFOLLOW, O_NONBLOCK, O_DIRECTORY } = constants;
@@ -41,18 +42,11 @@ export const MAX_OFFSET = 2 ** 40;
  * on a 2-core node. A token bucket (a burst of BURST bytes, then RATE bytes/s) keeps ordinary
  * uploads instant and bounds what a flood takes. PADDOCK_FILES_WRITE_MIBPS sets the rate.
  */
-const RATE = (Number(process.env.PADDOCK_FILES_WRITE_MIBPS) || 32) * 1024 * 1024;
-const BURST = 16 * 1024 * 1024;
-const buckets = new Map<string, { tokens: number; at: number }>();
+const uploads = new ByteBudget((Number(process.env.PADDOCK_FILES_WRITE_MIBPS) || 32) * 1024 * 1024, 16 * 1024 * 1024);
 
 async function spend(root: string, bytes: number): Promise<void> {
-  const now = Date.now();
-  for (const [k, b] of buckets) if (now - b.at > 60_000) buckets.delete(k);
-  const b = buckets.get(root) ?? { tokens: BURST, at: now };
-  b.tokens = Math.min(BURST, b.tokens + ((now - b.at) / 1000) * RATE) - bytes;
-  b.at = now;
-  buckets.set(root, b);
-  if (b.tokens < 0) await new Promise((r) => setTimeout(r, (-b.tokens / RATE) * 1000));
+  const waitMs = uploads.spend(root, bytes);
+  if (waitMs > 0) await new Promise((r) => setTimeout(r, waitMs));
 }
 
 /** Who owns what the files API creates: the sandbox's root, seen from the host. */

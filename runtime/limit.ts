@@ -21,3 +21,30 @@ export class Semaphore {
     }
   }
 }
+
+/**
+ * Token buckets by key: each key may spend `burst` bytes at once, then `rate` bytes a second.
+ * Idle keys are forgotten after a minute (a full bucket is what a new key gets anyway).
+ */
+export class ByteBudget {
+  private readonly buckets = new Map<string, { tokens: number; at: number }>();
+  private swept = 0;
+
+  constructor(
+    readonly rate: number,
+    readonly burst: number,
+  ) {}
+
+  /** Spends `bytes` of `key`'s budget; returns how long (ms) the spender should wait before more. */
+  spend(key: string, bytes: number, now = Date.now()): number {
+    if (now - this.swept > 60_000) {
+      for (const [k, b] of this.buckets) if (now - b.at > 60_000) this.buckets.delete(k);
+      this.swept = now;
+    }
+    const b = this.buckets.get(key) ?? { tokens: this.burst, at: now };
+    b.tokens = Math.min(this.burst, b.tokens + ((now - b.at) / 1000) * this.rate) - bytes;
+    b.at = now;
+    this.buckets.set(key, b);
+    return b.tokens < 0 ? (-b.tokens / this.rate) * 1000 : 0;
+  }
+}

@@ -23,6 +23,8 @@
  *       With envc 0 the command inherits this process's environment.
  *     <seq> kill <signal>   signals the process of request <seq>, if it still runs
  *     <seq> close           stops relaying the output of <seq>, which has exited
+ *     <seq> hold | go       stops reading the relayed output of <seq>, and starts again: its pipes
+ *                           fill and its writer blocks (the node's flow control, per command)
  *     0 release <fd>        closes a disk fd this process holds for the node (see keep_sock)
  *   messages: "<seq> <type> <code> <length>\n" then <length> bytes, type:
  *       o, E: a chunk of the command's stdout, stderr (relayed);
@@ -78,6 +80,7 @@ struct job {
   int cap;   /* its stderr, when captured; -1 otherwise */
   int out[2]; /* its stdout and stderr, when relayed; -1 otherwise or once closed */
   int relayed;
+  int held; /* its relayed pipes are left out of the poll set until "go" */
   char *buf;
   size_t len;
 };
@@ -477,6 +480,11 @@ static void request(char *frame, size_t len) {
       }
     return;
   }
+  if (strcmp(s[1], "hold") == 0 || strcmp(s[1], "go") == 0) {
+    for (size_t i = 0; i < njobs; i++)
+      if (jobs[i].seq == seq) jobs[i].held = s[1][0] == 'h';
+    return;
+  }
   if (strcmp(s[1], "close") == 0) {
     for (size_t i = 0; i < njobs; i++)
       if (jobs[i].seq == seq && jobs[i].pid == 0) {
@@ -637,7 +645,7 @@ int main(int argc, char **argv) {
     pfd[2] = (struct pollfd){.fd = keep_sock[0], .events = POLLIN};
     size_t np = 3;
     for (size_t i = 0; i < njobs; i++) {
-      int fds[] = {jobs[i].cap, jobs[i].out[0], jobs[i].out[1]};
+      int fds[] = {jobs[i].cap, jobs[i].held ? -1 : jobs[i].out[0], jobs[i].held ? -1 : jobs[i].out[1]};
       for (int k = 0; k < 3; k++)
         if (fds[k] >= 0) pfd[np++] = (struct pollfd){.fd = fds[k], .events = POLLIN};
     }

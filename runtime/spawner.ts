@@ -78,6 +78,11 @@ export interface Spawned {
   kill(signal?: number): void;
   /** Stops relaying its output (after its exit; a background child's output is dropped). */
   release(): void;
+  /**
+   * With onOutput: stops reading its output, or starts again. While held its pipes fill and the
+   * command blocks on its next write: the node's flow control, one command at a time.
+   */
+  holdOutput(on: boolean): void;
 }
 
 export interface SpawnerOptions {
@@ -175,6 +180,9 @@ export class Spawner {
       kill: (signal = 9) => {
         const p = this.pending.get(seq);
         if (p && !p.exited) this.send([String(seq), 'kill', String(signal)]);
+      },
+      holdOutput: (on: boolean) => {
+        if (this.pending.has(seq)) this.send([String(seq), on ? 'hold' : 'go']);
       },
       release: () => {
         const p = this.pending.get(seq);

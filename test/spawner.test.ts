@@ -10,6 +10,7 @@ import { basename, join } from 'node:path';
 import { promisify } from 'node:util';
 import test from 'ava';
 import { loadConfig } from '../runtime/config.ts';
+import { ByteBudget } from '../runtime/limit.ts';
 import { resolveProgram, Spawner } from '../runtime/spawner.ts';
 
 const sh = promisify(execFile);
@@ -63,6 +64,31 @@ test('relayed output arrives as it comes, in order, with stdin from a file; clos
   bg.release();
   await bg.closed;
   await sh('pkill', ['-f', '^sleep 30$']).catch(() => {});
+});
+
+test('held output is not read: the command blocks on its full pipe until it is let go, and nothing is lost', async (t) => {
+  const s = await spawner(t);
+  let got = 0;
+  // 1 MiB: far more than two pipes hold, so the command cannot finish while held.
+  const c = s.start({ argv: ['sh', '-c', 'head -c 1048576 /dev/zero'], onOutput: (_, b) => (got += b.length) });
+  c.holdOutput(true);
+  const early = await Promise.race([c.exited.then(() => 'exited'), new Promise((r) => setTimeout(() => r('blocked'), 1000))]);
+  t.is(early, 'blocked', 'a held command waits on its pipe');
+  t.true(got < 1048576, `only what came before the hold: ${got}`);
+  c.holdOutput(false);
+  t.is((await c.exited).code, 0);
+  await c.closed;
+  t.is(got, 1048576);
+});
+
+test('byte budgets: a burst at once, then the rate; keys apart', (t) => {
+  const b = new ByteBudget(1000, 500);
+  t.is(b.spend('a', 500, 0), 0);
+  t.is(b.spend('a', 100, 0), 100, '100 bytes past the burst wait 100 ms at 1,000 bytes/s');
+  t.is(b.spend('b', 400, 0), 0, 'another key has its own burst');
+  t.is(b.spend('a', 0, 100), 0, 'refilled after the wait');
+  t.is(b.spend('a', 100, 1000), 0, 'a full bucket holds no more than the burst');
+  t.is(b.spend('a', 500, 1000), 100);
 });
 
 test('a command that never ran says why: exec, setup, and bad arguments', async (t) => {

@@ -39,7 +39,7 @@ import { sourceFile } from '../source.ts';
 import { type MountPlan, resolveProgram, Spawner } from '../spawner.ts';
 import { buildStaticBinary } from '../static-binary.ts';
 import { readText } from '../sync-read.ts';
-import { execInContainer, killTree, nsPid, signalGroup } from './exec.ts';
+import { execInContainer, killTree, nsPid, OutputBudget, signalGroup } from './exec.ts';
 import { Hardening } from './hardening.ts';
 import { baseEnv, DEFAULT_CFS_PERIOD_US, ociConfig } from './oci.ts';
 import { CgroupSleep } from './sleep.ts';
@@ -117,6 +117,13 @@ export class ContainerBackend implements Backend, Snapshotting, SnapshotStore, P
   /** User-namespace layers, the bounded writable layer, CPU pinning, lxcfs. */
   private readonly hardening: Hardening;
   private readonly egress: Egress;
+  private readonly output = new OutputBudget({
+    // Measured here (the adversarial streams case): four sandboxes streaming 64 MiB at once put a
+    // neighbour's exec at 3.4× its quiet p50 unbounded, 3.6× at 64 MiB/s for the node, 1.4–3.3× at
+    // 32 (more when the case ran after others), 1.4× at 16.
+    sandboxMiBps: Number(process.env.PADDOCK_EXEC_OUTPUT_MIBPS) || 16,
+    nodeMiBps: Number(process.env.PADDOCK_NODE_OUTPUT_MIBPS) || 16,
+  });
 
   constructor(private readonly opts: ContainerBackendOptions) {
     this.crun = opts.crun ?? 'crun';
@@ -300,7 +307,7 @@ export class ContainerBackend implements Backend, Snapshotting, SnapshotStore, P
     const pidFile = join(this.dir(id), `exec-${++this.execSeq}.pid`);
     const env = { ...p.env, ...opts.env };
     const watch = new LimitWatch(this.cgroupMode, this.cgroupPath(id));
-    return judged(watch, this.rootOf(id), opts.signal, (signal) => execInContainer({ spawner: this.spawner(), crun: this.crun, idle: p.idle, root: this.crunRoot, id, pidFile, process: p.process }, { ...opts, cwd: opts.cwd ?? p.cwd, env, signal }));
+    return judged(watch, this.rootOf(id), opts.signal, (signal) => execInContainer({ spawner: this.spawner(), crun: this.crun, idle: p.idle, root: this.crunRoot, id, pidFile, process: p.process, output: { budget: this.output, sandbox: id } }, { ...opts, cwd: opts.cwd ?? p.cwd, env, signal }));
   }
 
   /**
@@ -336,7 +343,7 @@ export class ContainerBackend implements Backend, Snapshotting, SnapshotStore, P
     const watch = new LimitWatch(this.cgroupMode, this.cgroupPath(id));
     const done = judged(watch, this.rootOf(id), o.signal, (signal) =>
       execInContainer(
-        { spawner: this.spawner(), crun: this.crun, idle: p.idle, root: this.crunRoot, id, pidFile: `${base}.pid`, process: p.process, stdinPath: fifo, fd3: o.pty !== undefined, onPid: told },
+        { spawner: this.spawner(), crun: this.crun, idle: p.idle, root: this.crunRoot, id, pidFile: `${base}.pid`, process: p.process, stdinPath: fifo, fd3: o.pty !== undefined, onPid: told, output: { budget: this.output, sandbox: id } },
         { cmd: argv, cwd: o.cwd ?? p.cwd, env: { ...p.env, ...o.env }, timeoutMs: o.timeoutMs ?? Number.POSITIVE_INFINITY, maxOutputBytes: o.maxOutputBytes ?? Number.POSITIVE_INFINITY, onOutput: o.onOutput, discard: true, signal },
       ),
     ).finally(() => {
