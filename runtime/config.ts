@@ -130,6 +130,7 @@ export const ENV_DOC: Record<string, string> = {
   PADDOCK_SIM_CPU: 'sim backend: virtual CPU capacity of the node (default 64)',
   PADDOCK_SIM_MEMORY_MIB: 'sim backend: virtual memory capacity in MiB (default 262144)',
   PADDOCK_SIM_SANDBOXES: 'sim backend: simulated sandboxes per node at most (default 10000)',
+  PADDOCK_SIM_DISK_MIB: 'sim backend: virtual disk for writable layers in MiB, counted at admission (default: PADDOCK_SIM_SANDBOXES × 512)',
   PADDOCK_SIM_LATENCY_MS: 'sim backend: how long each verb takes, e.g. create=15,exec=1,hibernate=20 (default: none)',
   PADDOCK_PLACEMENT: '1 = this node also runs a placement replica (default 1)',
   PADDOCK_WAIT_FOR_CAPACITY_MS: 'placement: how long a create waits for capacity the bridge promises (default 30000; 0: never waits)',

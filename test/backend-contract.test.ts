@@ -61,6 +61,8 @@ test('the node offers every backend it was given, each with a pool of its own', 
   t.truthy(rec);
   t.deepEqual(new Set(rec?.backends ?? []), new Set(KINDS));
   for (const k of KINDS) t.true((rec?.offers?.[k]?.capacity.sandboxes ?? 0) > 0, k);
+  // The simulated pool counts writable layers as a container node does: every sandbox fits with the default.
+  t.is(rec?.offers?.sim?.capacity.diskMiB, (rec?.offers?.sim?.capacity.sandboxes ?? 0) * 512);
 });
 
 for (const kind of KINDS) {
