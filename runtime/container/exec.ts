@@ -172,16 +172,15 @@ export async function execInContainer(a: CrunExecArgs, opts: ExecOptions): Promi
       seen[which] += part.length;
       if (!opts.discard) buf.push(part);
       opts.onOutput?.(which, part);
-      if (a.output && outputTimer === undefined && exitCode === null) {
-        const waitMs = a.output.budget.spend(a.output.sandbox, chunk.length);
-        if (waitMs > 0) {
-          child.holdOutput(true);
-          outputTimer = setTimeout(() => {
-            outputTimer = undefined;
-            child.holdOutput(false);
-          }, waitMs);
-        }
-      } else if (a.output) a.output.budget.spend(a.output.sandbox, chunk.length);
+      // Every chunk is spent; one already held, or read after the exit, is not held again.
+      const waitMs = a.output ? a.output.budget.spend(a.output.sandbox, chunk.length) : 0;
+      if (waitMs > 0 && outputTimer === undefined && exitCode === null) {
+        child.holdOutput(true);
+        outputTimer = setTimeout(() => {
+          outputTimer = undefined;
+          child.holdOutput(false);
+        }, waitMs);
+      }
       if (chunk.length > room) {
         truncated = true;
         stop();

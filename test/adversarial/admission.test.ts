@@ -5,13 +5,42 @@
 import { spawn } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { PaddockError } from '../../sdk/index.ts';
-import { advTest, only, underAttack } from './harness.ts';
+import type { ExecutionContext } from 'ava';
+import { type AdvContext, advTest, only, underAttack } from './harness.ts';
 
 const BURST = fileURLToPath(new URL('./burst.ts', import.meta.url));
 const STREAMS = fileURLToPath(new URL('./streams.ts', import.meta.url));
 
 // The neighbour (default spec: 1,024 pids, a 128 MiB layer) takes its share of both first.
 const test = advTest({ env: { PADDOCK_NODE_PIDS: '8192', PADDOCK_NODE_DISK_MIB: '2048' } });
+
+/**
+ * An attacking trainer script (burst.ts, streams.ts) in a process of its own at nice 19: on two
+ * cores its own client work would otherwise be counted against the node. Resolves once it says
+ * `ready`; `go()` starts it and resolves with its exit code and the last line it printed.
+ */
+async function trainer(t: ExecutionContext<AdvContext>, script: string, args: string[]): Promise<{ go(): Promise<{ code: number | null; last: string }> }> {
+  const client = spawn('nice', ['-n', '19', process.execPath, '--import', 'tsx', script, ...args], { stdio: ['pipe', 'pipe', 'inherit'] });
+  t.teardown(() => {
+    if (client.exitCode === null) client.kill('SIGKILL');
+  });
+  let text = '';
+  const exited = new Promise<number | null>((resolve) => client.once('exit', resolve));
+  const ready = new Promise<void>((resolve) =>
+    client.stdout.on('data', (d: Buffer) => {
+      text += d.toString();
+      if (text.includes('ready\n')) resolve();
+    }),
+  );
+  await Promise.race([ready, exited]);
+  return {
+    async go() {
+      client.stdin.write('go\n');
+      const code = await exited;
+      return { code, last: text.trim().split('\n').at(-1) as string };
+    },
+  };
+}
 
 const codeOf = (e: unknown) => (e instanceof PaddockError ? e.code : `threw ${String(e)}`);
 
@@ -71,27 +100,13 @@ test.serial('300 concurrent creates past capacity are refused cheaply, the neigh
   // The node holds one sandbox of 4,096 pids besides the neighbour's 1,024, made before the burst:
   // what the neighbour is sampled against is the refusals alone, not a real create beside them.
   made.push(await pdk.sandboxes.create({ cpu: 0.1, pidsLimit: 4096 }));
-  // Bursts follow each other for two seconds (one is over in about 200 ms, too short for more
-  // than a sample or two of the neighbour), sent by a trainer process at nice 19: on two cores its
-  // own client work would otherwise be counted against the node.
-  const client = spawn('nice', ['-n', '19', process.execPath, '--import', 'tsx', BURST, t.context.cluster.url, '300', '2000', JSON.stringify({ cpu: 0.1, pidsLimit: 4096 })], { stdio: ['pipe', 'pipe', 'inherit'] });
-  t.teardown(() => {
-    if (client.exitCode === null) client.kill('SIGKILL');
-  });
-  let text = '';
-  const exited = new Promise<number | null>((resolve) => client.once('exit', resolve));
-  const lines = new Promise<void>((resolve) =>
-    client.stdout.on('data', (d: Buffer) => {
-      text += d.toString();
-      if (text.includes('ready\n')) resolve();
-    }),
-  );
-  await Promise.race([lines, exited]);
+  // Bursts follow each other for two seconds: one is over in about 200 ms, too short for more
+  // than a sample or two of the neighbour.
+  const client = await trainer(t, BURST, [t.context.cluster.url, '300', '2000', JSON.stringify({ cpu: 0.1, pidsLimit: 4096 })]);
   await underAttack(t, '300 creates past capacity', 'NO_CAPACITY', async () => {
-    client.stdin.write('go\n');
-    const code = await exited;
+    const { code, last } = await client.go();
     if (code !== 0) return `the burst client exited with ${code}`;
-    const { codes } = JSON.parse(text.trim().split('\n').at(-1) as string) as { codes: Record<string, number> };
+    const { codes } = JSON.parse(last) as { codes: Record<string, number> };
     const kinds = Object.keys(codes);
     return kinds.length === 1 && kinds[0] === 'NO_CAPACITY' ? 'NO_CAPACITY' : `refused ${codes.NO_CAPACITY ?? 0}: ${kinds.join(',')}`;
   });
@@ -113,25 +128,12 @@ test.serial('four sandboxes streaming 64 MiB each at once: every byte arrives, t
   t.teardown(async () => {
     for (const sb of made) await sb.kill().catch(() => {});
   });
-  // The streaming trainer at nice 19, as the burst above: its own decoding of 256 MiB is not the node's cost.
-  const client = spawn('nice', ['-n', '19', process.execPath, '--import', 'tsx', STREAMS, t.context.cluster.url, String(64 * MiB), ...made.map((sb) => sb.id)], { stdio: ['pipe', 'pipe', 'inherit'] });
-  t.teardown(() => {
-    if (client.exitCode === null) client.kill('SIGKILL');
-  });
-  let text = '';
-  const exited = new Promise<number | null>((resolve) => client.once('exit', resolve));
-  const ready = new Promise<void>((resolve) =>
-    client.stdout.on('data', (d: Buffer) => {
-      text += d.toString();
-      if (text.includes('ready\n')) resolve();
-    }),
-  );
-  await Promise.race([ready, exited]);
+  // The trainer's own decoding of 256 MiB is not the node's cost: it runs at nice 19 (trainer).
+  const client = await trainer(t, STREAMS, [t.context.cluster.url, String(64 * MiB), ...made.map((sb) => sb.id)]);
   await underAttack(t, '4 × 64 MiB streamed at once', 'OK', async () => {
-    client.stdin.write('go\n');
-    const code = await exited;
+    const { code, last } = await client.go();
     if (code !== 0) return `the streaming client exited with ${code}`;
-    const { streams } = JSON.parse(text.trim().split('\n').at(-1) as string) as { streams: Array<{ verdict: string; received: number; lost: number }> };
+    const { streams } = JSON.parse(last) as { streams: Array<{ verdict: string; received: number; lost: number }> };
     // Nothing vanishes: each stream's bytes arrived, or a gap event said how many did not.
     for (const s of streams) t.is(s.received + s.lost, 64 * MiB, JSON.stringify(s));
     return only(streams.map((s) => s.verdict));
