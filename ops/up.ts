@@ -167,18 +167,19 @@ export async function up(o: { nats?: string; say: (s: string) => void; show: (s:
 
   const startedAt = Date.now();
   let natsUrl: string | undefined;
-  const record = (extra: Partial<UpRecord>): UpRecord => ({ pid: process.pid, home, nats: joinUrl ?? '', node: nodeId, logs, startedAt, ...extra });
-  // One writer for the record after the first: whatever restarted (NATS, the node), the record
-  // says what runs now, the gateway included.
-  const writeRecord = () =>
-    writeAtomic(
-      pidFile,
-      `${JSON.stringify(record({ nats: natsUrl ?? joinUrl ?? '', ...(nats?.proc.pid ? { natsPid: nats.proc.pid } : {}), ...(node?.proc.pid ? { nodePid: node.proc.pid } : {}), ...(gateway ? { http: gateway.address } : {}) }))}\n`,
-    );
+  // One writer for the record: whatever started or restarted (NATS, the node), it says what runs
+  // now, the gateway included.
+  const writeRecord = () => {
+    const r: UpRecord = { pid: process.pid, home, nats: natsUrl ?? joinUrl ?? '', node: nodeId, logs, startedAt };
+    if (nats?.proc.pid) r.natsPid = nats.proc.pid;
+    if (node?.proc.pid) r.nodePid = node.proc.pid;
+    if (gateway) r.http = gateway.address;
+    return writeAtomic(pidFile, `${JSON.stringify(r)}\n`);
+  };
   try {
     await mkdir(home, { recursive: true });
     // Written first, so that `paddock down` can stop a start that is still under way.
-    await writeAtomic(pidFile, `${JSON.stringify(record({}))}\n`);
+    await writeRecord();
     wrotePid = true;
     if (joinUrl) {
       natsUrl = joinUrl;

@@ -39,8 +39,8 @@ export const MAX_OFFSET = 2 ** 40;
  * Upload bandwidth per sandbox root. Measured here, a 1 MiB `files.write` costs the node ~5 ms of
  * CPU (NATS framing, decoding, the write itself) on the event loop every sandbox shares: one
  * trainer streaming a big file at full speed would slow every other sandbox's exec by 3× or more
- * on a 2-core node. A token bucket (a burst of BURST bytes, then RATE bytes/s) keeps ordinary
- * uploads instant and bounds what a flood takes. PADDOCK_FILES_WRITE_MIBPS sets the rate.
+ * on a 2-core node. A token bucket (a burst of 16 MiB, then 32 MiB/s) keeps ordinary uploads
+ * instant and bounds what a flood takes. PADDOCK_FILES_WRITE_MIBPS sets the rate.
  */
 const uploads = new ByteBudget((Number(process.env.PADDOCK_FILES_WRITE_MIBPS) || 32) * 1024 * 1024, 16 * 1024 * 1024);
 
