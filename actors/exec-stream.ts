@@ -7,8 +7,15 @@
  */
 import type { ExecEvent } from '../protocol/index.ts';
 
-/** Output kept per running stream: at the default 64 KiB chunks, the last eight of them. */
+/** Output kept per running stream: at 64 KiB chunks, the last eight of them. */
 export const STREAM_BUFFER_BYTES = 512 * 1024;
+/**
+ * Output read in one turn of the event loop goes out as one event of up to this many bytes. A
+ * command's pipe is read as fast as it is written, mostly 4–8 KiB at a time, and every event costs
+ * a message in the node, in nats-server and in the caller: sent as read, a 48 MiB stream was ~6,000
+ * events and ran at 28–52 MiB/s on a 2-core host.
+ */
+export const STREAM_CHUNK_BYTES = 64 * 1024;
 /** How long a finished stream's last events stay: a caller reconnecting after the exit still finds it. */
 export const STREAM_KEEP_MS = 30_000;
 
@@ -26,6 +33,9 @@ export class ExecStream {
   /** Recent events, oldest first, each with the output offset it starts at. */
   private readonly held: Array<{ ev: Numbered; at: number }> = [];
   private heldBytes = 0;
+  /** Output not sent yet: one stream's, sent at the end of this turn of the event loop. */
+  private pending: { t: 'out' | 'err'; parts: Uint8Array[]; bytes: number } | undefined;
+  private flushQueued = false;
   done = false;
 
   constructor(
@@ -33,8 +43,39 @@ export class ExecStream {
     private readonly maxBytes = STREAM_BUFFER_BYTES,
   ) {}
 
-  /** Numbers, keeps and sends one event. */
+  /** Output of the command: joined with what else came in this turn, up to STREAM_CHUNK_BYTES. */
+  output(t: 'out' | 'err', d: Uint8Array): void {
+    if (d.length === 0) return;
+    if (this.pending && this.pending.t !== t) this.flush();
+    const p = this.pending ?? { t, parts: [], bytes: 0 };
+    this.pending = p;
+    p.parts.push(d);
+    p.bytes += d.length;
+    if (p.bytes >= STREAM_CHUNK_BYTES) this.flush();
+    else if (!this.flushQueued) {
+      this.flushQueued = true;
+      setImmediate(() => {
+        this.flushQueued = false;
+        this.flush();
+      });
+    }
+  }
+
+  /** `send` false: numbered and kept only, for a resume that is about to send it. */
+  private flush(send = true): void {
+    const p = this.pending;
+    if (!p) return;
+    this.pending = undefined;
+    this.send1({ t: p.t, d: p.parts.length === 1 ? (p.parts[0] as Uint8Array) : Buffer.concat(p.parts, p.bytes) }, send);
+  }
+
+  /** Numbers, keeps and sends one event, after the output before it. */
   emit(event: Unnumbered): void {
+    this.flush();
+    this.send1(event);
+  }
+
+  private send1(event: Unnumbered, send = true): void {
     const ev = { ...event, s: this.next++ } as Numbered;
     const size = sizeOf(ev);
     this.held.push({ ev, at: this.offset });
@@ -46,7 +87,7 @@ export class ExecStream {
       if (old) this.heldBytes -= sizeOf(old.ev);
     }
     if (ev.t === 'exit' || ev.t === 'error') this.done = true;
-    this.send(ev);
+    if (send) this.send(ev);
   }
 
   /**
@@ -55,6 +96,7 @@ export class ExecStream {
    * what is held).
    */
   resume(from: number, offset?: number): { resent: number; next: number; done: boolean } {
+    this.flush(false);
     let resent = 0;
     const first = this.held[0];
     const firstSeq = first ? first.ev.s : this.next;

@@ -545,7 +545,7 @@ export class SandboxHost {
       const span = startStreamSpan(this, req, execId);
       // The request returns at once; the stream is activity until its exit, so the idle timer waits.
       this.actor.send({ type: 'ACTIVITY_START' });
-      const onOutput = (s: 'out' | 'err', d: Buffer) => stream.emit({ t: s, d });
+      const onOutput = (s: 'out' | 'err', d: Buffer) => stream.output(s, d);
       // A rollout step streams as it runs and is recorded whole when it ends (its output kept for
       // the record, so it must fit one, as a non-streamed step's reply must); a step recorded
       // before streams its recorded output, marked replayed, and runs nothing.
@@ -556,8 +556,8 @@ export class SandboxHost {
       void ran
         .then((o) => {
           if (o.replayed) {
-            if (o.stdout.length > 0) stream.emit({ t: 'out', d: o.stdout });
-            if (o.stderr.length > 0) stream.emit({ t: 'err', d: o.stderr });
+            stream.output('out', o.stdout);
+            stream.output('err', o.stderr);
           }
           endExecSpan(span, o.verdict, o.exitCode);
           stream.emit({ t: 'exit', exitCode: o.exitCode, ...(o.signal ? { signal: o.signal } : {}), durationMs: o.durationMs, truncated: o.truncated, timedOut: o.timedOut, verdict: o.verdict, ...(o.replayed ? { replayed: true } : {}) });

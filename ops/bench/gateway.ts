@@ -5,7 +5,8 @@
  *
  * - create (and kill), exec `true`, a 10 MiB file written and read back: through the gateway
  *   (fetch, HTTP keep-alive) and through the SDK, interleaved so load drifts hit both alike;
- * - SSE streaming throughput of a 48 MiB exec output, beside the SDK's execStream of the same;
+ * - SSE streaming throughput of a 48 MiB exec output, beside the SDK's execStream of the same and
+ *   the floor: the same bytes published from one process to another through the same nats-server;
  * - the Python client's exec p50 (Debian's python3, urllib: a connection per call);
  * - the gateway process's RSS before and after 10,000 requests (after 10,000 to warm up), and after 10,000 more.
  * Targets: gateway create and exec p50 ≤ 1.3× the SDK's; SSE ≥ 100 MiB/s; no RSS growth.
@@ -18,6 +19,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { fileURLToPath } from 'node:url';
+import { connect } from '@nats-io/transport-node';
 import { Paddock } from '../../sdk/index.ts';
 import { startLocalCluster } from '../local.ts';
 import { cleanUp, cleanUpOnSignals, nJsonArgs, onCleanup, progress, runMain } from './harness.ts';
@@ -42,6 +44,40 @@ const time = async (f: () => Promise<unknown>): Promise<number> => {
 function rssBytes(pid: number): number {
   const m = /VmRSS:\s+(\d+) kB/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
   return Number(m?.[1] ?? 0) * 1024;
+}
+
+const NATS_CHUNK = 64 * 1024;
+
+/**
+ * The stream's floor: \`bytes\` in 64 KiB messages published by a process of its own and received
+ * here, through the cluster's nats-server. Every output byte of a streamed exec makes this hop (node
+ * to caller); on a 2-core host the two ends and the server share the cores as the stream's do.
+ */
+async function natsFloorMiBps(url: string, bytes: number): Promise<number> {
+  const nc = await connect({ servers: url });
+  try {
+    const subject = `bench.floor.${process.pid}.${Math.random().toString(36).slice(2)}`;
+    const sub = nc.subscribe(subject);
+    await nc.flush();
+    const code = `const { connect } = await import('@nats-io/transport-node');
+const nc = await connect({ servers: ${JSON.stringify(url)} });
+const b = Buffer.alloc(${NATS_CHUNK}, 97);
+for (let n = 0; n < ${bytes}; n += b.length) { nc.publish(${JSON.stringify(subject)}, b); if ((n / b.length) % 16 === 15) await nc.flush(); }
+await nc.flush(); await nc.close();`;
+    const pub = spawn(process.execPath, ['--input-type=module', '-e', code], { cwd: ROOT, stdio: ['ignore', 'ignore', 'inherit'] });
+    let got = 0;
+    let t0 = 0;
+    for await (const m of sub) {
+      if (t0 === 0) t0 = performance.now();
+      got += m.data.length;
+      if (got >= bytes) break;
+    }
+    const ms = performance.now() - t0;
+    await new Promise((r) => (pub.exitCode !== null ? r(null) : pub.once('exit', r)));
+    return bytes / MiB / (ms / 1000);
+  } finally {
+    await nc.close();
+  }
 }
 
 async function startGatewayProcess(natsUrl: string): Promise<{ proc: ChildProcess; url: string }> {
@@ -150,9 +186,19 @@ async function main(): Promise<void> {
   }
 
   progress(`SSE: ${SSE_BYTES / MiB} MiB of output`);
-  const cmd = ['sh', '-c', `yes abcdefghijklmnopqrstuvwxyz0123456789 | head -c ${SSE_BYTES}`];
-  const sse = { gw: [] as number[], sdk: [] as number[] };
+  // The producer must not be what is measured: \`yes | head\` in a 1-CPU sandbox makes ~80 MiB/s
+  // here in 4–8 KiB writes, so the text is written to a file first and read out with 1 MiB writes.
+  const made = await sb.exec(['sh', '-c', `yes abcdefghijklmnopqrstuvwxyz0123456789 | head -c ${SSE_BYTES} > /tmp/sse.txt`]);
+  if (made.exitCode !== 0) throw new Error(`the SSE source file: exit ${made.exitCode}`);
+  const cmd = ['dd', 'if=/tmp/sse.txt', 'bs=1048576', 'status=none'];
+  const sse = { gw: [] as number[], sdk: [] as number[], nats: [] as number[], inside: [] as number[] };
   for (let i = 0; i < 3; i++) {
+    const d = await time(async () => {
+      const r = await sb.exec(['sh', '-c', `${cmd.join(' ')} > /dev/null`]);
+      if (r.exitCode !== 0) throw new Error(`dd: exit ${r.exitCode}`);
+    });
+    sse.inside.push(SSE_BYTES / MiB / (d / 1000));
+    sse.nats.push(await natsFloorMiBps(cluster.url, SSE_BYTES));
     let got = 0;
     const g = await time(async () => {
       const res = await ok(fetch(`${gw.url}/v1/sandboxes/${sb.id}/exec`, { method: 'POST', headers: { 'content-type': 'application/json', accept: 'text/event-stream' }, body: JSON.stringify({ cmd, maxOutputBytes: SSE_BYTES + 1 }) }));
@@ -204,12 +250,15 @@ async function main(): Promise<void> {
   const f = { gw: summarize(files.gw), sdk: summarize(files.sdk) };
   const ssep50 = summarize(sse.gw).p50;
   const sdkSse = summarize(sse.sdk).p50;
+  const natsSse = summarize(sse.nats).p50;
+  const insideSse = summarize(sse.inside).p50;
   const row = (what: string, g: number, s: number, target: string) => `${what.padEnd(26)} ${g.toFixed(2).padStart(9)} ${s.toFixed(2).padStart(9)} ${(g / s).toFixed(2).padStart(7)}  ${target}`;
   console.log(`${'p50'.padEnd(26)} ${'gateway'.padStart(9)} ${'SDK'.padStart(9)} ${'ratio'.padStart(7)}  target`);
   console.log(row('create (ms)', c.gw.p50, c.sdk.p50, '≤ 1.3×'));
   console.log(row('exec true (ms)', e.gw.p50, e.sdk.p50, '≤ 1.3×'));
   console.log(row('10 MiB write+read (ms)', f.gw.p50, f.sdk.p50, ''));
   console.log(row('stream (MiB/s)', ssep50, sdkSse, '≥ 100 MiB/s'));
+  console.log(`stream floors: NATS alone ${natsSse.toFixed(1)} MiB/s (the same bytes in ${NATS_CHUNK / 1024} KiB messages from one process to another through the same nats-server; SSE ${(ssep50 / natsSse).toFixed(2)}×, SDK ${(sdkSse / natsSse).toFixed(2)}×); the command to /dev/null inside ${insideSse.toFixed(0)} MiB/s`);
   console.log('(the node runs with its output budget lifted: PADDOCK_EXEC_OUTPUT_MIBPS, PADDOCK_NODE_OUTPUT_MIBPS)');
   console.log(`Python client exec true p50: ${pythonExecP50Ms.toFixed(2)} ms (the SDK's ${e.sdk.p50.toFixed(2)} ms)`);
   console.log(`gateway RSS: ${(rss0 / MiB).toFixed(1)} MiB after ${RSS_REQUESTS} requests of warm-up, ${(rss1 / MiB).toFixed(1)} MiB after ${RSS_REQUESTS} more (growth ${((rss1 - rss0) / MiB).toFixed(1)} MiB), ${(rss2 / MiB).toFixed(1)} MiB after another ${RSS_REQUESTS}`);
@@ -225,6 +274,7 @@ async function main(): Promise<void> {
         pythonExecP50Ms: round3(pythonExecP50Ms),
         sseMiBps: round3(ssep50),
         sdkStreamMiBps: round3(sdkSse),
+        natsFloorMiBps: round3(natsSse),
         rssGrowthBytes: rss1 - rss0,
       }),
     );

@@ -1,0 +1,64 @@
+/** The node's side of a streamed exec, as pure logic: what it sends, in what order, and what resume sends again. */
+import { setImmediate as turn } from 'node:timers/promises';
+import test from 'ava';
+import { ExecStream, STREAM_CHUNK_BYTES } from '../actors/exec-stream.ts';
+import type { ExecEvent } from '../protocol/index.ts';
+
+const b = (s: string) => Buffer.from(s);
+const text = (ev: ExecEvent) => ('d' in ev ? Buffer.from(ev.d).toString() : `<${ev.t}>`);
+
+test('output read in one turn goes out as one event; another stream, the exit and resume send what waits first', async (t) => {
+  const sent: ExecEvent[] = [];
+  const s = new ExecStream((ev) => sent.push(ev));
+  s.output('out', b('a'));
+  s.output('out', b('b'));
+  t.is(sent.length, 0, 'nothing before the turn ends');
+  await turn();
+  t.deepEqual(sent.map(text), ['ab']);
+  s.output('out', b('c'));
+  s.output('err', b('E'));
+  s.output('out', b('d'));
+  s.emit({ t: 'exit', exitCode: 0, durationMs: 1, truncated: false, timedOut: false, verdict: 'OK' });
+  t.deepEqual(sent.map(text), ['ab', 'c', 'E', 'd', '<exit>']);
+  t.deepEqual(
+    sent.map((e) => e.s),
+    [0, 1, 2, 3, 4],
+  );
+  t.true(s.done);
+  await turn();
+  t.is(sent.length, 5, 'the queued turn finds nothing left to send');
+  sent.length = 0;
+  t.like(s.resume(3), { resent: 2, next: 5, done: true });
+  t.deepEqual(sent.map(text), ['d', '<exit>']);
+  sent.length = 0;
+  s.output('out', b(''));
+  await turn();
+  t.is(sent.length, 0, 'empty output sends nothing');
+});
+
+test('a full chunk goes at once; what resume asks for includes output not yet sent', async (t) => {
+  const sent: ExecEvent[] = [];
+  const s = new ExecStream((ev) => sent.push(ev));
+  s.output('out', Buffer.alloc(STREAM_CHUNK_BYTES - 1, 120));
+  t.is(sent.length, 0);
+  s.output('out', b('y'));
+  t.is(sent.length, 1, 'sent when it reached a chunk');
+  t.is((sent[0] as { d: Uint8Array }).d.length, STREAM_CHUNK_BYTES);
+  s.output('out', b('z'));
+  sent.length = 0;
+  t.like(s.resume(1), { resent: 1, next: 2, done: false });
+  t.deepEqual(sent.map(text), ['z']);
+});
+
+test('what the buffer no longer holds comes back as one gap, counted in events and bytes', async (t) => {
+  const sent: ExecEvent[] = [];
+  const s = new ExecStream((ev) => sent.push(ev), 8);
+  for (const c of ['1234', '5678', 'abcd']) {
+    s.output('out', b(c));
+    await turn();
+  }
+  sent.length = 0;
+  s.resume(0, 0);
+  t.deepEqual(sent[0], { t: 'gap', s: 0, n: 1, bytes: 4 });
+  t.deepEqual(sent.slice(1).map(text), ['5678', 'abcd']);
+});
