@@ -230,6 +230,7 @@ export class ContainerBackend implements Backend, Snapshotting, SnapshotStore, P
       const env = Object.fromEntries(baseEnv(image, spec).map((kv) => [kv.slice(0, kv.indexOf('=')), kv.slice(kv.indexOf('=') + 1)]));
       const proc: SandboxProc = { env, idle: spec.qos === 'be', cwd: spec.cwd ?? image.cwd, process: config.process as Record<string, unknown>, image };
       this.procs.set(id, proc);
+      this.sleeper.started(this.cgroupPath(id));
       // overlayfs lists the top layer first; manifests list the bottom first.
       await this.crunRun(id, dir, spec.qos === 'be', this.hardening.ownMounts(dir, diskMiB, lowers.reverse(), rootfs));
       // Lazily loaded layers can make the init's execve slow; exec cannot join it before it ends.
@@ -552,7 +553,7 @@ export class ContainerBackend implements Backend, Snapshotting, SnapshotStore, P
     this.procs.delete(id);
     await this.egress.remove(id);
     // Frozen processes cannot die: thaw first, or `delete --force` waits on them.
-    await this.sleeper.thaw(this.cgroupPath(id)).catch(() => {});
+    await this.sleeper.thawForRemoval(this.cgroupPath(id)).catch(() => {});
     if (this.cgroupMode === 'v1') {
       // What `crun delete --force` would do, without starting it: kill what the container's cgroups
       // hold (its init among them: the rest of its pid namespace dies with it), remove the cgroups,
@@ -591,12 +592,19 @@ export class ContainerBackend implements Backend, Snapshotting, SnapshotStore, P
     if (killFirst) await killAll(left.find((d) => d.includes('/pids/')) ?? (left[0] as string));
     for (let wait = 5; ; wait = Math.min(100, wait * 2)) {
       const busy: string[] = [];
-      for (const d of left) {
+      for (const [i, d] of left.entries()) {
         const err = await rmdir(d).then(
           () => undefined,
           (e: NodeJS.ErrnoException) => e.code,
         );
-        if (err === 'EBUSY') busy.push(d);
+        if (err !== 'EBUSY') continue;
+        // Every hierarchy holds the same tasks: while the first is busy, so are the rest (nine
+        // rmdirs a round, each a trip through the thread pool, were most of a kill's retries).
+        if (i === 0) {
+          busy.push(...left);
+          break;
+        }
+        busy.push(d);
       }
       left = busy;
       if (left.length === 0) break;
