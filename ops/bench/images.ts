@@ -4,7 +4,7 @@
  *
  *   npm run bench:images [-- --n 64] [-- --link 1gbit|10gbit|none] [-- --json]
  *                        [-- --modes lazy,eager,local] [-- --no-tar] [-- --image python|busybox]
- *                        [-- --chunk BYTES] [-- --readahead KIB]
+ *                        [-- --chunk BYTES] [-- --readahead KIB] [-- --tasks K]
  *
  * The link (link.ts): the store runs in a network namespace of its own, reached over a veth pair
  * shaped with tbf on the store's side; the node, its NATS and this benchmark's client run in the
@@ -24,6 +24,13 @@
  *    fetched over the link and extracted per sandbox (an overlay over it); each sandbox (a chroot
  *    in its overlay) runs the same sequence. The base layer is local for both.
  *
+ * `--tasks K` gives the sandboxes K distinct task environments instead of one shared image: sandbox
+ * i runs on python plus environment i mod K, a layer of its own (TASK_MODULES modules of
+ * TASK_MODULE_BYTES incompressible bytes each, as a task's installed dependencies would be), and
+ * its tool calls import TASK_IMPORTS of them. That is the paper's setting: its nodes pulled
+ * thousands of distinct task images (eagerly, 1,600 GB written per node), where one image shared by
+ * every sandbox is pulled once per node and costs the link almost nothing.
+ *
  * `--chunk` re-indexes the image's layers at another chunk size into a store of hard links beside
  * the real one (the index is per blob, so one store holds one chunk size per layer), to measure the
  * lazy loader's trade-off between fetching more than is read and making more requests.
@@ -34,6 +41,7 @@
  * host's own disk counters also count the other work on a shared machine, and are shown beside.
  */
 import { type ChildProcess, spawn } from 'node:child_process';
+import { randomFillSync } from 'node:crypto';
 import { link as hardLink, mkdir, mkdtemp, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import { request } from 'node:http';
 import { tmpdir } from 'node:os';
@@ -55,7 +63,12 @@ import { cleanUp, cleanUpOnSignals, onCleanup, progress, runMain, UsageError } f
 import { clientRxBytes, createLink, type LinkRate, parseLinkRate, removeStaleLinks, servedBytes } from './link.ts';
 import { percentile } from './stats.ts';
 
-const USAGE = 'usage: images.ts [--n N] [--link 1gbit|10gbit|none] [--modes lazy,eager,local] [--no-tar] [--image python|busybox] [--chunk BYTES] [--readahead KIB] [--json]';
+const USAGE = 'usage: images.ts [--n N] [--link 1gbit|10gbit|none] [--modes lazy,eager,local] [--no-tar] [--image python|busybox] [--chunk BYTES] [--readahead KIB] [--tasks K] [--json]';
+/** A task environment (--tasks): modules of incompressible bytes, of which a task's calls import a few. */
+const TASK_MODULES = 64;
+const TASK_MODULE_BYTES = 2 * 1024 * 1024;
+const TASK_IMPORTS = 6;
+const TASK_STEP = ['python3', '-c', `import sys; sys.path.insert(0, '/opt/env'); ${Array.from({ length: TASK_IMPORTS }, (_, j) => `import m${j * Math.floor(TASK_MODULES / TASK_IMPORTS)}`).join('; ')}; print('ok')`];
 
 type Mode = 'lazy' | 'eager' | 'local';
 const MODES: readonly Mode[] = ['lazy', 'eager', 'local'];
@@ -87,6 +100,8 @@ interface Options {
   chunk: number;
   /** The kernel's read-ahead on lazily loaded layers, KiB; undefined: its default. */
   readaheadKiB?: number;
+  /** Distinct task environments (undefined: every sandbox runs the one image). */
+  tasks?: number;
 }
 
 interface ModeResult {
@@ -163,12 +178,18 @@ function parseArgs(argv: string[]): Options {
       i = j;
       o.readaheadKiB = Number(v);
       if (!Number.isInteger(o.readaheadKiB) || o.readaheadKiB < 0) throw new UsageError(`--readahead: whole KiB (0: none), got ${v}\n${USAGE}`);
+    } else if (is('--tasks')) {
+      const [v, j] = value(i, '--tasks');
+      i = j;
+      o.tasks = Number(v);
+      if (!Number.isInteger(o.tasks) || o.tasks < 1) throw new UsageError(`--tasks: a positive integer, got ${v}\n${USAGE}`);
     } else if (a === '-h' || a === '--help') {
       process.stdout.write(`${USAGE}\n`);
       process.exit(0);
     } else throw new UsageError(`unknown argument ${a}\n${USAGE}`);
   }
   if (o.image === 'busybox') o.tar = false;
+  if (o.tasks !== undefined && o.image !== 'python') throw new UsageError(`--tasks: task environments are python modules; not with --image ${o.image}\n${USAGE}`);
   return o;
 }
 
@@ -323,9 +344,30 @@ async function workspaceDir(root: string): Promise<string> {
   return join(root, 'ws');
 }
 
+/**
+ * Task environment `t`: TASK_MODULES modules in /opt/env, each reading its own data file of
+ * TASK_MODULE_BYTES when imported (as a library's native code is), the bytes drawn at random so that
+ * no two tasks share a chunk and nothing compresses.
+ */
+async function taskLayer(store: ImageStore, root: string, t: number): Promise<ImageManifest['layers'][number]> {
+  const dir = join(root, `task-${t}`);
+  const env = join(dir, 'opt', 'env');
+  await mkdir(env, { recursive: true });
+  try {
+    const data = Buffer.allocUnsafe(TASK_MODULE_BYTES);
+    for (let j = 0; j < TASK_MODULES; j++) {
+      await writeFile(join(env, `m${j}.py`), `# task ${t}\nwith open(__file__[:-3] + '.bin', 'rb') as f:\n    DATA = f.read()\n`);
+      await writeFile(join(env, `m${j}.bin`), randomFillSync(data));
+    }
+    return await store.buildLayer(dir);
+  } finally {
+    await rm(dir, { recursive: true, force: true });
+  }
+}
+
 let current: LocalCluster | undefined;
 
-async function modeRun(o: { mode: 'lazy' | 'eager'; cacheDir: string; n: number; home: string; image: Options['image']; ws: string; env: Env; readaheadKiB?: number }): Promise<ModeResult> {
+async function modeRun(o: { mode: 'lazy' | 'eager'; cacheDir: string; n: number; home: string; image: Options['image']; ws: string[]; sequence: string[][]; env: Env; readaheadKiB?: number }): Promise<ModeResult> {
   const cluster = await startLocalCluster({
     home: o.home,
     nodes: 1,
@@ -356,9 +398,9 @@ async function modeRun(o: { mode: 'lazy' | 'eager'; cacheDir: string; n: number;
     let failures = 0;
     const firstExec: number[] = [];
     const sbs = await Promise.all(
-      Array.from({ length: o.n }, async () => {
-        const sb = await pdk.sandboxes.create({ image: o.image, workspace: o.ws, memoryMiB: 512 });
-        for (const [k, cmd] of SEQUENCES[o.image].entries()) {
+      Array.from({ length: o.n }, async (_, i) => {
+        const sb = await pdk.sandboxes.create({ image: o.image, workspace: o.ws[i % o.ws.length] as string, memoryMiB: 512 });
+        for (const [k, cmd] of o.sequence.entries()) {
           // Generous: on a shared 2-core host 64 pytest runs at once took over 300 s each.
           const r = await sb.exec(cmd, { timeoutMs: 1_800_000 });
           if (k === 0) firstExec.push(performance.now() - t0);
@@ -515,14 +557,30 @@ async function inner(o: Options): Promise<void> {
   const ws = await workspaceDir(root);
   const wsLayer = await store.buildLayer(ws);
   await store.putManifest({ ...img, name: wsName, layers: [wsLayer], env: [], cwd: '/work' });
-  const imageBytes = img.layers.reduce((s, l) => s + l.size, 0) + wsLayer.size;
+  // Every distinct byte the sandboxes' images hold: what eager pulls, what lazy's share is of.
+  let imageBytes = img.layers.reduce((s, l) => s + l.size, 0) + wsLayer.size;
+  let workspaces = [wsName];
+  const sequence = o.tasks === undefined ? SEQUENCES[o.image] : [...SEQUENCES[o.image], TASK_STEP];
+  if (o.tasks !== undefined) {
+    progress(`${o.tasks} task environments of ${mib(TASK_MODULES * TASK_MODULE_BYTES)}`);
+    workspaces = [];
+    for (let t = 0; t < o.tasks; t++) {
+      const layer = await taskLayer(store, root, t);
+      onCleanup(`task ${t}`, () => store.removeBlob(layer.digest));
+      const name = `${wsName}-t${t}`;
+      onCleanup(`task image ${t}`, () => store.removeManifest(name));
+      await store.putManifest({ ...img, name, layers: [layer, wsLayer], env: [], cwd: '/work' });
+      workspaces.push(name);
+      imageBytes += layer.size;
+    }
+  }
 
   const results: Partial<Record<Mode, ModeResult>> = {};
   const lazyCache = join(root, 'cache-lazy');
   const eagerCache = join(root, 'cache-eager');
   for (const mode of o.modes) {
     progress(`a) ${mode}: ${o.n} sandboxes, ${mode === 'local' ? 'every layer already in the cache' : 'empty cache'}`);
-    results[mode] = await modeRun({ mode: mode === 'eager' ? 'eager' : 'lazy', cacheDir: mode === 'lazy' ? lazyCache : eagerCache, n: o.n, home: join(root, `home-${mode}`), image: o.image, ws: wsName, env, readaheadKiB: o.readaheadKiB });
+    results[mode] = await modeRun({ mode: mode === 'eager' ? 'eager' : 'lazy', cacheDir: mode === 'lazy' ? lazyCache : eagerCache, n: o.n, home: join(root, `home-${mode}`), image: o.image, ws: workspaces, sequence, env, readaheadKiB: o.readaheadKiB });
   }
 
   let tar: DeliveryResult | undefined;
@@ -551,17 +609,19 @@ async function inner(o: Options): Promise<void> {
   }
   const tarBytes = tar ? (await stat(join(env.filesDir, TAR_NAME))).size : 0;
 
-  report(o, { results, tar, layers, imageBytes, layerCount: img.layers.length + 1, toolkitBytes: (toolkitRef?.size ?? 0) + wsLayer.size, tarBytes });
+  report(o, { results, tar, layers, imageBytes, sequence, layerCount: img.layers.length + (o.tasks === undefined ? 1 : 2), toolkitBytes: (toolkitRef?.size ?? 0) + wsLayer.size, tarBytes });
   await cleanUp();
 }
 
-function report(o: Options, r: { results: Partial<Record<Mode, ModeResult>>; tar?: DeliveryResult; layers?: DeliveryResult; imageBytes: number; layerCount: number; toolkitBytes: number; tarBytes: number }): void {
+function report(o: Options, r: { results: Partial<Record<Mode, ModeResult>>; tar?: DeliveryResult; layers?: DeliveryResult; imageBytes: number; sequence: string[][]; layerCount: number; toolkitBytes: number; tarBytes: number }): void {
   const ratio = (a: number, b: number) => (b > 0 ? a / b : Number.POSITIVE_INFINITY);
   const check = (ok: boolean) => (ok ? 'meets' : 'MISSES');
   const { lazy, eager, local } = r.results;
   const lines = [
     `link: ${o.link === 'none' ? 'none (store on loopback)' : `${o.link}, tbf on a veth between two network namespaces`}; lazy chunks of ${o.chunk / 1024} KiB, kernel read-ahead ${o.readaheadKiB === undefined ? 'its default' : `${o.readaheadKiB} KiB`}`,
-    `a) ${o.n} sandboxes of ${o.image} (${mib(r.imageBytes)} in ${r.layerCount} layers), tool calls: ${SEQUENCES[o.image].map((c) => c.slice(0, 2).join(' ')).join('; ')}`,
+    o.tasks === undefined
+      ? `a) ${o.n} sandboxes of ${o.image} (${mib(r.imageBytes)} in ${r.layerCount} layers), tool calls: ${r.sequence.map((c) => c.slice(0, 2).join(' ')).join('; ')}`
+      : `a) ${o.n} sandboxes of ${o.image} + one of ${o.tasks} task environments (${mib(r.imageBytes)} of distinct images, ${r.layerCount} layers each), tool calls: ${r.sequence.map((c) => c.slice(0, 2).join(' ')).join('; ')} (${TASK_IMPORTS} of ${TASK_MODULES} modules)`,
     '   mode    wall      over the link   fetched      read      disk written   first exec p50 / p95   failures',
     ...MODES.filter((m) => r.results[m]).map((m) => {
       const x = r.results[m] as ModeResult;
@@ -577,7 +637,7 @@ function report(o: Options, r: { results: Partial<Record<Mode, ModeResult>>; tar
   if (lazy && local) lines.push(`   lazy/local wall ${ratio(lazy.wallMs, local.wallMs).toFixed(2)}× (target ≤ ${TARGETS.lazyOverLocal}×: ${check(ratio(lazy.wallMs, local.wallMs) <= TARGETS.lazyOverLocal)})`);
   if (lazy) {
     lines.push(
-      `   lazy fetched ${pct(ratio(lazy.fetchedBytes, r.imageBytes))} of the image (target ≤ 25%: ${check(ratio(lazy.fetchedBytes, r.imageBytes) <= TARGETS.lazyFetchShare)}); the kernel read ${pct(ratio(lazy.readBytes, r.imageBytes))} of it (fetched/read ${ratio(lazy.fetchedBytes, lazy.readBytes).toFixed(2)}×)`,
+      `   lazy fetched ${pct(ratio(lazy.fetchedBytes, r.imageBytes))} of the ${o.tasks === undefined ? 'image' : 'images'} (target ≤ 25%: ${check(ratio(lazy.fetchedBytes, r.imageBytes) <= TARGETS.lazyFetchShare)}); the kernel read ${pct(ratio(lazy.readBytes, r.imageBytes))} of it (fetched/read ${ratio(lazy.fetchedBytes, lazy.readBytes).toFixed(2)}×)`,
     );
   }
   const { tar, layers } = r;
@@ -593,7 +653,7 @@ function report(o: Options, r: { results: Partial<Record<Mode, ModeResult>>; tar
   process.stdout.write(`${lines.join('\n')}\n`);
   if (o.json) {
     const round = (m: ModeResult | DeliveryResult) => Object.fromEntries(Object.entries(m).map(([k, v]) => [k, Math.round(v as number)]));
-    const out: Record<string, unknown> = { link: o.link, n: o.n, image: o.image, chunk: o.chunk, readaheadKiB: o.readaheadKiB ?? null, imageBytes: r.imageBytes };
+    const out: Record<string, unknown> = { link: o.link, n: o.n, image: o.image, tasks: o.tasks ?? null, chunk: o.chunk, readaheadKiB: o.readaheadKiB ?? null, imageBytes: r.imageBytes };
     for (const m of MODES) if (r.results[m]) out[m] = round(r.results[m] as ModeResult);
     if (tar && layers) {
       out.tar = round(tar);
