@@ -4,7 +4,7 @@
  *
  *   npm run bench:images [-- --n 64] [-- --link 1gbit|10gbit|none] [-- --json]
  *                        [-- --modes lazy,eager,local] [-- --no-tar] [-- --image python|busybox]
- *                        [-- --chunk BYTES] [-- --readahead KIB] [-- --tasks K]
+ *                        [-- --chunk BYTES] [-- --readahead KIB] [-- --tasks K [-- --task-mib M]]
  *
  * The link (link.ts): the store runs in a network namespace of its own, reached over a veth pair
  * shaped with tbf on the store's side; the node, its NATS and this benchmark's client run in the
@@ -26,7 +26,7 @@
  *
  * `--tasks K` gives the sandboxes K distinct task environments instead of one shared image: sandbox
  * i runs on python plus environment i mod K, a layer of its own (TASK_MODULES modules of
- * TASK_MODULE_BYTES incompressible bytes each, as a task's installed dependencies would be), and
+ * incompressible bytes, `--task-mib` in all, 128 by default, as a task's installed dependencies would be), and
  * its tool calls import TASK_IMPORTS of them. That is the paper's setting: its nodes pulled
  * thousands of distinct task images (eagerly, 1,600 GB written per node), where one image shared by
  * every sandbox is pulled once per node and costs the link almost nothing.
@@ -63,10 +63,9 @@ import { cleanUp, cleanUpOnSignals, onCleanup, progress, runMain, UsageError } f
 import { clientRxBytes, createLink, type LinkRate, parseLinkRate, removeStaleLinks, servedBytes } from './link.ts';
 import { percentile } from './stats.ts';
 
-const USAGE = 'usage: images.ts [--n N] [--link 1gbit|10gbit|none] [--modes lazy,eager,local] [--no-tar] [--image python|busybox] [--chunk BYTES] [--readahead KIB] [--tasks K] [--json]';
+const USAGE = 'usage: images.ts [--n N] [--link 1gbit|10gbit|none] [--modes lazy,eager,local] [--no-tar] [--image python|busybox] [--chunk BYTES] [--readahead KIB] [--tasks K [--task-mib M]] [--json]';
 /** A task environment (--tasks): modules of incompressible bytes, of which a task's calls import a few. */
 const TASK_MODULES = 64;
-const TASK_MODULE_BYTES = 2 * 1024 * 1024;
 const TASK_IMPORTS = 6;
 const TASK_STEP = ['python3', '-c', `import sys; sys.path.insert(0, '/opt/env'); ${Array.from({ length: TASK_IMPORTS }, (_, j) => `import m${j * Math.floor(TASK_MODULES / TASK_IMPORTS)}`).join('; ')}; print('ok')`];
 
@@ -102,6 +101,8 @@ interface Options {
   readaheadKiB?: number;
   /** Distinct task environments (undefined: every sandbox runs the one image). */
   tasks?: number;
+  /** Bytes of one task environment, MiB. */
+  taskMiB: number;
 }
 
 interface ModeResult {
@@ -126,7 +127,7 @@ interface DeliveryResult {
 }
 
 function parseArgs(argv: string[]): Options {
-  const o: Options = { n: 64, json: false, link: '1gbit', modes: [...MODES], tar: true, image: 'python', chunk: DEFAULT_CHUNK };
+  const o: Options = { n: 64, json: false, link: '1gbit', modes: [...MODES], tar: true, image: 'python', chunk: DEFAULT_CHUNK, taskMiB: 128 };
   const value = (i: number, name: string): [string, number] => {
     const a = argv[i] as string;
     if (a === name) {
@@ -183,6 +184,11 @@ function parseArgs(argv: string[]): Options {
       i = j;
       o.tasks = Number(v);
       if (!Number.isInteger(o.tasks) || o.tasks < 1) throw new UsageError(`--tasks: a positive integer, got ${v}\n${USAGE}`);
+    } else if (is('--task-mib')) {
+      const [v, j] = value(i, '--task-mib');
+      i = j;
+      o.taskMiB = Number(v);
+      if (!Number.isInteger(o.taskMiB) || o.taskMiB < 1 || o.taskMiB > 4096) throw new UsageError(`--task-mib: whole MiB from 1 to 4096, got ${v}\n${USAGE}`);
     } else if (a === '-h' || a === '--help') {
       process.stdout.write(`${USAGE}\n`);
       process.exit(0);
@@ -345,16 +351,16 @@ async function workspaceDir(root: string): Promise<string> {
 }
 
 /**
- * Task environment `t`: TASK_MODULES modules in /opt/env, each reading its own data file of
- * TASK_MODULE_BYTES when imported (as a library's native code is), the bytes drawn at random so that
+ * Task environment `t`: TASK_MODULES modules in /opt/env, each reading its own data file (a
+ * TASK_MODULES-th of `bytes`) when imported (as a library's native code is), the bytes drawn at random so that
  * no two tasks share a chunk and nothing compresses.
  */
-async function taskLayer(store: ImageStore, root: string, t: number): Promise<ImageManifest['layers'][number]> {
+async function taskLayer(store: ImageStore, root: string, t: number, bytes: number): Promise<ImageManifest['layers'][number]> {
   const dir = join(root, `task-${t}`);
   const env = join(dir, 'opt', 'env');
   await mkdir(env, { recursive: true });
   try {
-    const data = Buffer.allocUnsafe(TASK_MODULE_BYTES);
+    const data = Buffer.allocUnsafe(Math.ceil(bytes / TASK_MODULES));
     for (let j = 0; j < TASK_MODULES; j++) {
       await writeFile(join(env, `m${j}.py`), `# task ${t}\nwith open(__file__[:-3] + '.bin', 'rb') as f:\n    DATA = f.read()\n`);
       await writeFile(join(env, `m${j}.bin`), randomFillSync(data));
@@ -562,10 +568,10 @@ async function inner(o: Options): Promise<void> {
   let workspaces = [wsName];
   const sequence = o.tasks === undefined ? SEQUENCES[o.image] : [...SEQUENCES[o.image], TASK_STEP];
   if (o.tasks !== undefined) {
-    progress(`${o.tasks} task environments of ${mib(TASK_MODULES * TASK_MODULE_BYTES)}`);
+    progress(`${o.tasks} task environments of ${o.taskMiB} MiB`);
     workspaces = [];
     for (let t = 0; t < o.tasks; t++) {
-      const layer = await taskLayer(store, root, t);
+      const layer = await taskLayer(store, root, t, o.taskMiB * 1024 * 1024);
       onCleanup(`task ${t}`, () => store.removeBlob(layer.digest));
       const name = `${wsName}-t${t}`;
       onCleanup(`task image ${t}`, () => store.removeManifest(name));
@@ -621,7 +627,7 @@ function report(o: Options, r: { results: Partial<Record<Mode, ModeResult>>; tar
     `link: ${o.link === 'none' ? 'none (store on loopback)' : `${o.link}, tbf on a veth between two network namespaces`}; lazy chunks of ${o.chunk / 1024} KiB, kernel read-ahead ${o.readaheadKiB === undefined ? 'its default' : `${o.readaheadKiB} KiB`}`,
     o.tasks === undefined
       ? `a) ${o.n} sandboxes of ${o.image} (${mib(r.imageBytes)} in ${r.layerCount} layers), tool calls: ${r.sequence.map((c) => c.slice(0, 2).join(' ')).join('; ')}`
-      : `a) ${o.n} sandboxes of ${o.image} + one of ${o.tasks} task environments (${mib(r.imageBytes)} of distinct images, ${r.layerCount} layers each), tool calls: ${r.sequence.map((c) => c.slice(0, 2).join(' ')).join('; ')} (${TASK_IMPORTS} of ${TASK_MODULES} modules)`,
+      : `a) ${o.n} sandboxes of ${o.image} + one of ${o.tasks} task environments of ${o.taskMiB} MiB (${mib(r.imageBytes)} of distinct images, ${r.layerCount} layers each), tool calls: ${r.sequence.map((c) => c.slice(0, 2).join(' ')).join('; ')} (${TASK_IMPORTS} of ${TASK_MODULES} modules)`,
     '   mode    wall      over the link   fetched      read      disk written   first exec p50 / p95   failures',
     ...MODES.filter((m) => r.results[m]).map((m) => {
       const x = r.results[m] as ModeResult;
@@ -653,7 +659,7 @@ function report(o: Options, r: { results: Partial<Record<Mode, ModeResult>>; tar
   process.stdout.write(`${lines.join('\n')}\n`);
   if (o.json) {
     const round = (m: ModeResult | DeliveryResult) => Object.fromEntries(Object.entries(m).map(([k, v]) => [k, Math.round(v as number)]));
-    const out: Record<string, unknown> = { link: o.link, n: o.n, image: o.image, tasks: o.tasks ?? null, chunk: o.chunk, readaheadKiB: o.readaheadKiB ?? null, imageBytes: r.imageBytes };
+    const out: Record<string, unknown> = { link: o.link, n: o.n, image: o.image, tasks: o.tasks ?? null, taskMiB: o.tasks === undefined ? null : o.taskMiB, chunk: o.chunk, readaheadKiB: o.readaheadKiB ?? null, imageBytes: r.imageBytes };
     for (const m of MODES) if (r.results[m]) out[m] = round(r.results[m] as ModeResult);
     if (tar && layers) {
       out.tar = round(tar);
