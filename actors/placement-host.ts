@@ -45,7 +45,10 @@ import { RolloutHost } from './rollout-host.ts';
 const CREATE_RELOAD_MS = 1000;
 /** How many nodes one create tries before giving up with NO_CAPACITY. */
 const MAX_TRIES = 3;
+/** How long placement waits for the node's answer to a create whose caller did not say (`timeoutMs`). */
 const NODE_CREATE_TIMEOUT_MS = 120_000;
+/** Placement answers this much before the caller's own deadline, so that its TIMEOUT, which says where, arrives first. */
+const ANSWER_MARGIN_MS = 1000;
 /** Pause and resume of 3,200 sandboxes take ~1 s; killing as many takes minutes (crun delete each). */
 const GROUP_TIMEOUT_MS = 600_000;
 /** A node silent this long (and ten heartbeats) is lost: its sandboxes are marked failed, `node_lost`. */
@@ -84,6 +87,8 @@ export interface BridgeState {
 interface Waiting {
   id: string;
   spec: SandboxSpec;
+  /** How long the node may take to make it, once one is chosen. */
+  nodeWaitMs: number;
   since: number;
   timer: NodeJS.Timeout;
   /** Being tried on a node now: not tried twice at once. */
@@ -212,7 +217,9 @@ export class PlacementHost {
   }
 
   private async create(body: unknown): Promise<CreateReply> {
-    const { spec, id = newSandboxId(), waitForCapacityMs = this.wait.ms } = validateCreate(await this.directory.withSnapshot(body));
+    const { spec, id = newSandboxId(), waitForCapacityMs = this.wait.ms, timeoutMs } = validateCreate(await this.directory.withSnapshot(body));
+    // A caller that waits longer (an image of gigabytes pulled whole) lets the node take as long.
+    const nodeWaitMs = timeoutMs === undefined ? NODE_CREATE_TIMEOUT_MS : Math.max(1000, timeoutMs - ANSWER_MARGIN_MS);
     let ranking = rank(this.actor.getSnapshot().context, spec, Date.now());
     if (ranking.nodes.length === 0) {
       // A reload that fails (the node table's stream electing a leader after a server died) is no
@@ -226,19 +233,19 @@ export class PlacementHost {
       // A spec no live node could ever run is the caller's to fix; an empty cluster is ours.
       if (live) throw new ProtocolError('INVALID_SPEC', `cannot place sandbox: ${ranking.reason}`);
       if (!this.bridgePromises(waitForCapacityMs)) throw new ProtocolError('NO_CAPACITY', `cannot place sandbox: ${ranking.reason}${this.bridgeWhy()}`);
-      return this.enqueue(id, spec, waitForCapacityMs);
+      return this.enqueue(id, spec, waitForCapacityMs, nodeWaitMs);
     }
-    const r = await this.attempt(id, spec, ranking.nodes);
+    const r = await this.attempt(id, spec, ranking.nodes, nodeWaitMs);
     if ('result' in r) {
       if (spec.group) this.actor.send({ type: 'PLACED', group: spec.group, node: r.result.sandbox.node });
       return r.result;
     }
     if (!this.bridgePromises(waitForCapacityMs)) throw new ProtocolError('NO_CAPACITY', `no node could admit the sandbox (${r.refusals.join('; ')})${this.bridgeWhy()}`);
-    return this.enqueue(id, spec, waitForCapacityMs);
+    return this.enqueue(id, spec, waitForCapacityMs, nodeWaitMs);
   }
 
   /** Tries the best nodes in turn; NO_CAPACITY from all of them comes back as their refusals. */
-  private async attempt(id: string, spec: SandboxSpec, nodes: string[]): Promise<{ result: CreateReply } | { refusals: string[] }> {
+  private async attempt(id: string, spec: SandboxSpec, nodes: string[], nodeWaitMs: number): Promise<{ result: CreateReply } | { refusals: string[] }> {
     const refusals: string[] = [];
     for (const node of nodes.slice(0, MAX_TRIES)) {
       // The same answer the node would send, without the round trip through NATS and its handler.
@@ -249,11 +256,11 @@ export class PlacementHost {
       }
       this.actor.send({ type: 'SENT', node, cpu: spec.cpu, memoryMiB: spec.memoryMiB });
       try {
-        let r = await this.nodeCreate(node, id, spec);
+        let r = await this.nodeCreate(node, id, spec, nodeWaitMs);
         // The id is taken on another node: a create sent again whose first try made it there. That
         // node answers a create of the id with its sandbox (node creates are idempotent by id).
         const owner = !r.ok && r.error.code === 'ALREADY_EXISTS' ? r.error.detail?.node : undefined;
-        if (typeof owner === 'string' && owner !== node) r = await this.nodeCreate(owner, id, spec);
+        if (typeof owner === 'string' && owner !== node) r = await this.nodeCreate(owner, id, spec, nodeWaitMs);
         if (r.ok) return { result: r.result };
         if (r.error.code !== 'NO_CAPACITY') throw new ProtocolError(r.error.code, r.error.message, { detail: r.error.detail });
         refusals.push(`${node}: ${r.error.message}`);
@@ -292,7 +299,7 @@ export class PlacementHost {
   }
 
   /** One node's create; sent again after a reconnect of this replica's connection (it is idempotent by id). */
-  private async nodeCreate(node: string, id: string, spec: SandboxSpec): Promise<Reply<CreateReply>> {
+  private async nodeCreate(node: string, id: string, spec: SandboxSpec, waitMs: number): Promise<Reply<CreateReply>> {
     // No responders from a node the table says is there: it may be reconnecting (its server
     // died), its subscriptions not yet back. It is asked again for a few seconds before it counts
     // as not answering.
@@ -300,7 +307,7 @@ export class PlacementHost {
     // no connection of ours dropping: the create is asked again every NODE_ASK_AGAIN_MS (the node
     // answers a create it is making with that create), not waited for over its whole timeout.
     const until = Date.now() + NODE_RECONNECT_MS;
-    const deadline = Date.now() + NODE_CREATE_TIMEOUT_MS;
+    const deadline = Date.now() + waitMs;
     for (;;) {
       try {
         const reply = await request(this.nc, subjects.node(node, 'create'), encode({ id, spec }), { timeout: Math.min(NODE_ASK_AGAIN_MS, deadline - Date.now()), headers: traceHeaders(), resend: true });
@@ -327,11 +334,12 @@ export class PlacementHost {
     return '';
   }
 
-  private enqueue(id: string, spec: SandboxSpec, waitMs: number): Promise<CreateReply> {
+  private enqueue(id: string, spec: SandboxSpec, waitMs: number, nodeWaitMs: number): Promise<CreateReply> {
     return new Promise<CreateReply>((resolve, reject) => {
       const w: Waiting = {
         id,
         spec,
+        nodeWaitMs,
         since: Date.now(),
         trying: false,
         resolve,
@@ -398,7 +406,7 @@ export class PlacementHost {
         const roomy = ranking.nodes.filter((n) => hasRoom(ctx, n, w.spec));
         if (roomy.length === 0) break;
         w.trying = true;
-        void this.attempt(w.id, w.spec, roomy).then(
+        void this.attempt(w.id, w.spec, roomy, w.nodeWaitMs).then(
           (r) => {
             w.trying = false;
             if ('result' in r) {

@@ -42,7 +42,7 @@ export const Operations: Operation[] = [
     reply: 'CreateReply',
     errors: ['INVALID_REQUEST', 'INVALID_SPEC', 'NOT_FOUND', 'PAYLOAD_TOO_LARGE', 'NO_CAPACITY', 'TIMEOUT', 'BACKEND_FAILED'],
     limits: `request ≤ ${Limits.createBytesMax / 1024} KiB; with \`spec.fromSnapshot\`: a VM's on the snapshot's node, a container's on any node that reads its image store (NOT_FOUND for an unknown snapshot)`,
-    timeout: '130 s (a node waits up to 120 s for an image)',
+    timeout: "the request's `timeoutMs` (the SDK sends its call's, 60 s by default); without one placement waits 120 s for the node",
     retry: 'NO_CAPACITY, TIMEOUT, BACKEND_FAILED: back off and retry with the same `id`',
     queue: 'pdk-placement',
   },

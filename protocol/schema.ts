@@ -207,10 +207,17 @@ export const CreateRequest = Type.Object(
         description: 'how long placement may hold the create when no node can admit it but the bridge says capacity is coming (default: the replica\'s PADDOCK_WAIT_FOR_CAPACITY_MS; 0: fail at once)',
       }),
     ),
+    timeoutMs: Type.Optional(
+      Type.Integer({
+        minimum: 1,
+        maximum: 3_600_000,
+        description: "how long the caller waits for the answer: placement waits for the node's as long, less a second (default 120 s; the SDK sends its call's timeout)",
+      }),
+    ),
   },
   { $id: 'CreateRequest' },
 );
-export type CreateRequest = { spec?: Partial<SandboxSpec>; id?: string; waitForCapacityMs?: number };
+export type CreateRequest = { spec?: Partial<SandboxSpec>; id?: string; waitForCapacityMs?: number; timeoutMs?: number };
 export const CreateReply = Type.Object({ sandbox: SandboxInfo }, { $id: 'CreateReply' });
 export type CreateReply = Static<typeof CreateReply>;
 

@@ -275,11 +275,11 @@ const CreateEnvelope = Type.Object({ ...CreateRequest.properties, spec: Type.Opt
  * A create (`pdk.v1.place.create` and a node's `create`): the spec with its defaults, and the id
  * the caller chose, if any. The one check placement and the node both make.
  */
-export function validateCreate(input: unknown): { spec: SandboxSpec; id?: string; waitForCapacityMs?: number } {
+export function validateCreate(input: unknown): { spec: SandboxSpec; id?: string; waitForCapacityMs?: number; timeoutMs?: number } {
   const b = check(CreateEnvelope, input, 'INVALID_REQUEST', 'create');
   const spec = validateSpec(b.spec ?? {});
   if (b.id !== undefined && !TOKEN.test(b.id)) badRequest('id', 'must be 1-64 characters of [A-Za-z0-9_-]');
-  return { spec, ...(b.id === undefined ? {} : { id: b.id }), ...(b.waitForCapacityMs === undefined ? {} : { waitForCapacityMs: b.waitForCapacityMs }) };
+  return { spec, ...(b.id === undefined ? {} : { id: b.id }), ...(b.waitForCapacityMs === undefined ? {} : { waitForCapacityMs: b.waitForCapacityMs }), ...(b.timeoutMs === undefined ? {} : { timeoutMs: b.timeoutMs }) };
 }
 
 /** A node's part of a group verb: `{group, verb}`. */

@@ -158,7 +158,8 @@ export class Sandboxes {
   async create(spec: CreateSpec = {}, opts?: CallOptions): Promise<Sandbox> {
     const id = newSandboxId();
     try {
-      const r = await this.t.request<CreateReply>(subjects.placeCreate, { spec, id }, opts);
+      // Placement waits for the node as long as this call waits (an image pulled whole can take minutes).
+      const r = await this.t.request<CreateReply>(subjects.placeCreate, { spec, id, timeoutMs: Math.min(3_600_000, opts?.timeoutMs ?? this.t.defaultTimeoutMs) }, opts);
       return new Sandbox(this.t, r.sandbox, this.lookup);
     } catch (err) {
       // Only a create of ours can have taken this id: the first try made it, its answer was lost.

@@ -1,10 +1,12 @@
 import { readdir, readFile } from 'node:fs/promises';
 import { ImageStore } from '../runtime/images/store.ts';
-import { BackendError } from '../sdk/index.ts';
+import { BackendError, TimeoutError } from '../sdk/index.ts';
 import { clusterTest, nodeRunPath, SHARED_IMAGES } from './helpers/cluster.ts';
+import { eventually } from './helpers/wait.ts';
 
 const byString = (a: string, b: string) => a.localeCompare(b);
-const test = clusterTest({ nodes: 2 });
+// A simulated backend beside the containers, whose creates take 3 s: what a slow image pull looks like to placement.
+const test = clusterTest({ nodes: 2, env: { PADDOCK_BACKENDS: 'container,sim', PADDOCK_SIM_LATENCY_MS: 'create=3000' } });
 
 test.serial('placement spreads sandboxes over both nodes', async (t) => {
   const { pdk, cluster } = t.context;
@@ -72,4 +74,20 @@ test.serial('a create the backend cannot complete fails cleanly, leaving nothing
   const failed = (await pdk.sandboxes.list({ all: true })).filter((s) => s.image === 'broken-init');
   t.true(failed.length >= 1);
   t.true(failed.every((s) => s.state === 'failed' && s.reason === 'create_failed'));
+});
+
+test.serial("placement waits for the node as long as the create's caller waits, and its TIMEOUT says which node was late", async (t) => {
+  const { pdk } = t.context;
+  const labels = { slow: 'create' };
+  // 1.5 s against a 3 s create: placement answers first (its wait is the caller's less a second),
+  // not the SDK's own clock, which would say only that nothing answered.
+  const err = await t.throwsAsync(pdk.sandboxes.create({ backend: 'sim', labels }, { timeoutMs: 1500 }), { instanceOf: TimeoutError });
+  t.regex(err?.message ?? '', /node \S+ did not answer the create of sb-\S+ in time/);
+  const sb = await pdk.sandboxes.create({ backend: 'sim', labels }, { timeoutMs: 20_000 });
+  t.is(sb.info.state, 'running');
+  // The create that timed out still finishes on its node: it is there to be found and killed.
+  const running = () => pdk.sandboxes.list({ labels, state: ['running'] });
+  const ok = await eventually(async () => (await running()).length === 2);
+  t.true(ok, JSON.stringify((await pdk.sandboxes.list({ labels, all: true })).map((s) => [s.id, s.state, s.reason])));
+  await Promise.all((await running()).map(async (s) => (await pdk.sandboxes.get(s.id)).kill()));
 });
