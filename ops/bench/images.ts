@@ -373,7 +373,7 @@ async function taskLayer(store: ImageStore, root: string, t: number, bytes: numb
 
 let current: LocalCluster | undefined;
 
-async function modeRun(o: { mode: 'lazy' | 'eager'; cacheDir: string; n: number; home: string; image: Options['image']; ws: string[]; sequence: string[][]; env: Env; readaheadKiB?: number }): Promise<ModeResult> {
+async function modeRun(o: { mode: 'lazy' | 'eager'; cacheDir: string; n: number; home: string; image: Options['image']; ws: string[]; sequence: string[][]; env: Env; readaheadKiB?: number; imageBytes: number }): Promise<ModeResult> {
   const cluster = await startLocalCluster({
     home: o.home,
     nodes: 1,
@@ -387,6 +387,8 @@ async function modeRun(o: { mode: 'lazy' | 'eager'; cacheDir: string; n: number;
       // Every sandbox asks for a core: room for N of them on this node's two.
       PADDOCK_CPU_OVERCOMMIT: String(Math.max(16, Math.ceil(o.n / 2) + 1)),
       PADDOCK_STORE_TIMEOUT_MS: '30000',
+      // Every task's layers at once (eager holds them all); the node's default budget is 10 GiB.
+      PADDOCK_LAYER_CACHE_BYTES: String(Math.max(10 * 1024 ** 3, Math.ceil(o.imageBytes * 1.1))),
       ...(o.readaheadKiB === undefined ? {} : { PADDOCK_LAYER_READAHEAD_KB: String(o.readaheadKiB) }),
     },
   });
@@ -586,7 +588,7 @@ async function inner(o: Options): Promise<void> {
   const eagerCache = join(root, 'cache-eager');
   for (const mode of o.modes) {
     progress(`a) ${mode}: ${o.n} sandboxes, ${mode === 'local' ? 'every layer already in the cache' : 'empty cache'}`);
-    results[mode] = await modeRun({ mode: mode === 'eager' ? 'eager' : 'lazy', cacheDir: mode === 'lazy' ? lazyCache : eagerCache, n: o.n, home: join(root, `home-${mode}`), image: o.image, ws: workspaces, sequence, env, readaheadKiB: o.readaheadKiB });
+    results[mode] = await modeRun({ mode: mode === 'eager' ? 'eager' : 'lazy', cacheDir: mode === 'lazy' ? lazyCache : eagerCache, n: o.n, home: join(root, `home-${mode}`), image: o.image, ws: workspaces, sequence, env, readaheadKiB: o.readaheadKiB, imageBytes });
   }
 
   let tar: DeliveryResult | undefined;

@@ -908,7 +908,7 @@ const DESTROY_WAIT_MS = 30_000;
 
 /** SIGKILLs every task listed in a cgroup directory (cgroup.procs: processes, in any hierarchy); whether it listed any. */
 async function killAll(dir: string): Promise<boolean> {
-  const procs = await readFile(join(dir, 'cgroup.procs'), 'utf8').catch(() => '');
+  const procs = readText(join(dir, 'cgroup.procs')) ?? '';
   for (const p of procs.split('\n')) {
     const pid = Number.parseInt(p, 10);
     if (pid > 1) {
