@@ -55,13 +55,13 @@ export function cleanUpOnSignals(): void {
  * layers in the store).
  */
 export function runMain(main: () => Promise<void>): void {
-  main()
+  void main()
     .catch((err: unknown) => {
       const detail = err instanceof UsageError ? err.message : err instanceof Error ? (err.stack ?? err.message) : String(err);
       process.stderr.write(`bench failed: ${detail}\n`);
       process.exitCode = 1;
     })
-    .finally(() => cleanUp());
+    .then(() => cleanUp());
 }
 
 /** Parses `--name V` / `--name=V` as a positive number (an integer unless `real`). */
