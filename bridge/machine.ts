@@ -114,9 +114,13 @@ export function machinesNeeded(ctx: BridgeContext): { add: number; wanted: numbe
 export function canProvision(ctx: BridgeContext): { ok: boolean; reason?: string } {
   if (ctx.blocked && ctx.blocked.until > ctx.now) return { ok: false, reason: ctx.blocked.reason };
   const coming = Object.values(ctx.machines).some((m) => m.state === 'provisioning' || m.state === 'joining');
+  // A machine that joined and holds nothing yet is capacity placement has not used: the create
+  // it was started for may still be on its way there. Saying "cannot" then failed that very
+  // create (seen in a fresh CI run, the machine's join and placement's try a moment apart).
+  const spare = Object.values(ctx.machines).some((m) => m.state === 'ready' && m.idleSince !== undefined);
   const n = machinesNeeded(ctx);
-  // At the limit with nothing on its way, no capacity is coming.
-  if (n.limit && !coming) return { ok: false, reason: n.limit };
+  // At the limit with nothing on its way and nothing free, no capacity is coming.
+  if (n.limit && !coming && !spare) return { ok: false, reason: n.limit };
   return { ok: true };
 }
 
