@@ -59,7 +59,7 @@ import { type ImageManifest, ImageStore } from '../../runtime/images/store.ts';
 import { run } from '../../runtime/proc.ts';
 import { Paddock } from '../../sdk/index.ts';
 import { type LocalCluster, startLocalCluster } from '../local.ts';
-import { cleanUp, cleanUpOnSignals, onCleanup, progress, runMain, UsageError } from './harness.ts';
+import { cleanUp, cleanUpOnSignals, numberArg, onCleanup, progress, runMain, UsageError } from './harness.ts';
 import { clientRxBytes, createLink, type LinkRate, parseLinkRate, removeStaleLinks, servedBytes } from './link.ts';
 import { percentile } from './stats.ts';
 
@@ -143,10 +143,7 @@ function parseArgs(argv: string[]): Options {
     if (a === '--json') o.json = true;
     else if (a === '--no-tar') o.tar = false;
     else if (is('--n')) {
-      const [v, j] = value(i, '--n');
-      i = j;
-      o.n = Number(v);
-      if (!Number.isInteger(o.n) || o.n < 1) throw new UsageError(`--n: a positive integer, got ${v}\n${USAGE}`);
+      ({ value: o.n, next: i } = numberArg(argv, i, '--n', USAGE));
     } else if (is('--link')) {
       const [v, j] = value(i, '--link');
       i = j;
@@ -180,10 +177,7 @@ function parseArgs(argv: string[]): Options {
       o.readaheadKiB = Number(v);
       if (!Number.isInteger(o.readaheadKiB) || o.readaheadKiB < 0) throw new UsageError(`--readahead: whole KiB (0: none), got ${v}\n${USAGE}`);
     } else if (is('--tasks')) {
-      const [v, j] = value(i, '--tasks');
-      i = j;
-      o.tasks = Number(v);
-      if (!Number.isInteger(o.tasks) || o.tasks < 1) throw new UsageError(`--tasks: a positive integer, got ${v}\n${USAGE}`);
+      ({ value: o.tasks, next: i } = numberArg(argv, i, '--tasks', USAGE));
     } else if (is('--task-mib')) {
       const [v, j] = value(i, '--task-mib');
       i = j;
