@@ -15,7 +15,9 @@
  * Protocol, on its stdin and stdout (pipes to the node):
  *   request: u32 length (little-endian), then that many bytes of NUL-terminated strings:
  *     <seq> run <flags> <stdin path|""> <stdout path|""> <stderr path|"">
- *                 [<disk> <tmpfs opts> <uid> <overlay opts> <rootfs>] <argc> <argv...> <envc> <env...>
+ *                 [<disk> <tmpfs opts> <uid> <overlay opts> <rootfs> <id count> <mq bytes> <sigpending>
+ *                  <n> <layer...>]
+ *                 <argc> <argv...> <envc> <env...>
  *       flags: i = SCHED_IDLE, 3 = keep fd 3 (the sandbox init, given at start with argument
  *       "fd3"), m = own mount namespace and the bracketed mount arguments, c = capture stderr,
  *       p = relay stdout and stderr to the node as they come (the paths of both are then unused),
@@ -51,6 +53,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
@@ -63,6 +66,7 @@
 #include <linux/falloc.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/sendfile.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
@@ -145,7 +149,10 @@ struct run {
   long seq;
   const char *flags, *in, *out, *err;
   const char *disk, *opts, *ovl, *rootfs;
-  unsigned uid;
+  unsigned uid, idsize;
+  unsigned long mq, sigpending;
+  int nlowers;
+  char **lowers;
   char **argv, **envp;
 };
 
@@ -203,6 +210,82 @@ static void take_disks(void) {
   }
 }
 
+/*
+ * The sandbox's user namespace, mapping 0..size-1 to its host ids uid.., made here and owned by
+ * uid, not by root: the kernel charges a namespace's pending signals, message-queue bytes and
+ * inotify instances to its owner in the parent namespace too, so with crun making it (as root),
+ * every sandbox's charges summed up on host root. Owned by the sandbox's own host uid, they sum
+ * up there alone, bounded by the rlimits its creator had (r->mq, r->sigpending). Made by a child
+ * that waits in it while root writes its maps, then is killed; the namespace lives on in a bind
+ * mount of it at <disk>/userns (this mount namespace only, which crun inherits and joins it
+ * from: config.json names that path). Returns an fd of it, for the layers' id maps.
+ */
+static int sandbox_userns(int errw, const struct run *r) {
+  int ready[2];
+  if (pipe2(ready, O_CLOEXEC) < 0) fail(errw, 125, "pipe");
+  pid_t pid = fork();
+  if (pid < 0) fail(errw, 125, "fork");
+  if (pid == 0) {
+    struct rlimit mq = {r->mq, r->mq}, sp = {r->sigpending, r->sigpending};
+    int ok = (r->mq == 0 || setrlimit(RLIMIT_MSGQUEUE, &mq) == 0) && (r->sigpending == 0 || setrlimit(RLIMIT_SIGPENDING, &sp) == 0) &&
+             setgroups(0, NULL) == 0 && setresgid(r->uid, r->uid, r->uid) == 0 && setresuid(r->uid, r->uid, r->uid) == 0 && unshare(CLONE_NEWUSER) == 0;
+    char c = ok ? '1' : '0';
+    if (write(ready[1], &c, 1) != 1) _exit(1);
+    for (;;) pause();
+  }
+  close(ready[1]);
+  char c = 0;
+  if (read(ready[0], &c, 1) != 1 || c != '1') {
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    fail(errw, 125, "a user namespace owned by %u", r->uid);
+  }
+  close(ready[0]);
+  char path[64], map[64];
+  int len = snprintf(map, sizeof map, "0 %u %u\n", r->uid, r->idsize);
+  const char *files[] = {"uid_map", "gid_map"};
+  for (int i = 0; i < 2; i++) {
+    snprintf(path, sizeof path, "/proc/%d/%s", (int)pid, files[i]);
+    int f = open(path, O_WRONLY | O_CLOEXEC);
+    if (f < 0 || write(f, map, (size_t)len) != len) {
+      kill(pid, SIGKILL);
+      waitpid(pid, NULL, 0);
+      fail(errw, 125, "write %s", path);
+    }
+    close(f);
+  }
+  snprintf(path, sizeof path, "/proc/%d/ns/user", (int)pid);
+  int ns = open(path, O_RDONLY | O_CLOEXEC);
+  int keep = open("userns", O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  int bound = ns >= 0 && keep >= 0 && mount(path, "userns", NULL, MS_BIND, NULL) == 0;
+  kill(pid, SIGKILL);
+  waitpid(pid, NULL, 0);
+  if (!bound) fail(errw, 125, "keep %s at %s/userns", path, r->disk);
+  close(keep);
+  return ns;
+}
+
+/*
+ * Each read-only layer (mounted once by the node, its files owned by root) seen through an
+ * idmapped clone at <disk>/l<i>, owned by this sandbox's own range of host ids (container/ids.ts).
+ * Made here, in the sandbox's mount namespace, because a clone per layer per sandbox in the node's
+ * namespace would make every later create copy them all (see hardening.ts ownMounts). overlayfs
+ * cannot itself be idmapped (mount_setattr: EINVAL), its layers can.
+ */
+static void idmapped_layers(int errw, const struct run *r, int ns) {
+  for (int i = 0; i < r->nlowers; i++) {
+    char mp[32];
+    snprintf(mp, sizeof mp, "l%d", i);
+    if (mkdir(mp, 0700) < 0) fail(errw, 125, "mkdir %s", mp);
+    int t = open_tree(AT_FDCWD, r->lowers[i], OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+    if (t < 0) fail(errw, 125, "open_tree %s", r->lowers[i]);
+    struct mount_attr a = {.attr_set = MOUNT_ATTR_IDMAP, .userns_fd = (uint64_t)ns};
+    if (mount_setattr(t, "", AT_EMPTY_PATH, &a, sizeof a) < 0) fail(errw, 125, "idmap %s", r->lowers[i]);
+    if (move_mount(t, "", AT_FDCWD, mp, MOVE_MOUNT_F_EMPTY_PATH) < 0) fail(errw, 125, "move_mount %s", r->lowers[i]);
+    close(t);
+  }
+}
+
 static void own_mounts(int errw, const struct run *r) {
   char upper[4096], work[4096];
   snprintf(upper, sizeof upper, "%s/upper", r->disk);
@@ -221,6 +304,11 @@ static void own_mounts(int errw, const struct run *r) {
    * in the sandbox's mountinfo, and absolute ones named the node's home, its id and the sandbox's.
    */
   if (chdir(r->disk) < 0) fail(errw, 125, "chdir %s", r->disk);
+  if (r->idsize > 0) {
+    int ns = sandbox_userns(errw, r);
+    idmapped_layers(errw, r, ns);
+    close(ns);
+  }
   if (mount("overlay", r->rootfs, "overlay", 0, r->ovl) < 0) fail(errw, 125, "mount overlay on %s", r->rootfs);
   if (chdir("/") < 0) fail(errw, 125, "chdir /");
 }
@@ -511,6 +599,21 @@ static void request(char *frame, size_t len) {
     r.ovl = s[i + 3];
     r.rootfs = s[i + 4];
     i += 5;
+    if (n < i + 4) {
+      reply(seq, 'e', -1, bad, strlen(bad));
+      return;
+    }
+    r.idsize = (unsigned)strtoul(s[i], NULL, 10);
+    r.mq = strtoul(s[i + 1], NULL, 10);
+    r.sigpending = strtoul(s[i + 2], NULL, 10);
+    r.nlowers = atoi(s[i + 3]);
+    i += 4;
+    if (r.nlowers < 0 || r.nlowers > 500 || n < i + r.nlowers || (r.nlowers > 0 && r.idsize == 0)) {
+      reply(seq, 'e', -1, bad, strlen(bad));
+      return;
+    }
+    r.lowers = &s[i];
+    i += r.nlowers;
   }
   int argc = i < n ? atoi(s[i++]) : 0;
   if (argc < 1 || i + argc >= n) {

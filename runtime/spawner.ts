@@ -23,8 +23,19 @@ export interface MountPlan {
   disk: string;
   /** tmpfs options (size, inodes, mode). */
   tmpfsOptions: string;
-  /** Owner of the upper dir, which is the sandbox's `/`. */
+  /** Owner of the upper dir, which is the sandbox's `/`: the first host id of the sandbox's range. */
   rootUid: number;
+  /**
+   * Ids in the sandbox's range; with more than 0 the spawner makes the sandbox's user namespace,
+   * owned by rootUid, at `<disk>/userns` (spawner.c sandbox_userns), and root-owned files of
+   * `layers` show as owned by rootUid + their id.
+   */
+  idCount: number;
+  /** RLIMIT_MSGQUEUE and RLIMIT_SIGPENDING of the namespace's maker: they bound all of the sandbox's uids together (0: the node's own). */
+  msgqueueBytes: number;
+  sigpending: number;
+  /** Read-only layers (top first), each seen at `<disk>/l<i>` through an idmapped clone; overlayOptions name them so. */
+  layers: string[];
   overlayOptions: string;
   rootfs: string;
 }
@@ -151,7 +162,7 @@ export class Spawner {
     const flags = `${req.oomFirst ? 'o' : ''}${req.idle ? 'i' : ''}${req.passFd3 ? '3' : ''}${req.mounts ? 'm' : ''}${req.captureStderr ? 'c' : ''}${req.onOutput ? 'p' : ''}-`;
     const m = req.mounts;
     const env = req.env ? Object.entries(req.env).map(([k, v]) => `${k}=${v}`) : [];
-    const fields = [String(seq), 'run', flags, req.stdinFile ?? '', req.stdoutFile ?? '', req.stderrFile ?? '', ...(m ? [m.disk, m.tmpfsOptions, String(m.rootUid), m.overlayOptions, m.rootfs] : []), String(req.argv.length), ...req.argv, String(env.length), ...env];
+    const fields = [String(seq), 'run', flags, req.stdinFile ?? '', req.stdoutFile ?? '', req.stderrFile ?? '', ...(m ? [m.disk, m.tmpfsOptions, String(m.rootUid), m.overlayOptions, m.rootfs, String(m.idCount), String(m.msgqueueBytes), String(m.sigpending), String(m.layers.length), ...m.layers] : []), String(req.argv.length), ...req.argv, String(env.length), ...env];
     let closed!: () => void;
     const closedP = new Promise<void>((r) => {
       closed = r;

@@ -112,11 +112,14 @@ test('its own mount namespace: the mounts are the command\'s alone, and a failed
   await mkdir(lower);
   await mkdir(rootfs);
   await writeFile(join(lower, 'f'), 'from the layer');
-  const mounts = { disk: join(dir, 'disk'), tmpfsOptions: 'size=1m,mode=0700', rootUid: 12345, overlayOptions: `lowerdir=${lower},upperdir=${join(dir, 'disk/upper')},workdir=${join(dir, 'disk/work')}`, rootfs };
-  const r = await s.run({ argv: ['sh', '-c', `cat ${rootfs}/f && stat -c %u ${join(dir, 'disk/upper')} >&2`], mounts, captureStderr: true, stdoutFile: join(dir, 'out') });
-  t.is(r.code, 0);
+  // The layer is seen through an idmapped clone (l0 in the disk): its root-owned file belongs to the range 12345…
+  const mounts = { disk: join(dir, 'disk'), tmpfsOptions: 'size=1m,mode=0700', rootUid: 12345, idCount: 65536, msgqueueBytes: 65536, sigpending: 1024, layers: [lower], overlayOptions: 'lowerdir=l0,upperdir=upper,workdir=work', rootfs };
+  const r = await s.run({ argv: ['sh', '-c', `cat ${rootfs}/f && stat -c '%u %g' ${join(dir, 'disk/upper')} ${rootfs}/f >&2 && grep -c ' - overlay .*lowerdir=l0,' /proc/self/mountinfo >&2 && grep -c '/disk/userns .* - nsfs ' /proc/self/mountinfo >&2`], mounts, captureStderr: true, stdoutFile: join(dir, 'out') });
+  t.is(r.code, 0, r.stderr);
   t.is(await readFile(join(dir, 'out'), 'utf8'), 'from the layer');
-  t.is(r.stderr.trim(), '12345');
+  t.deepEqual(r.stderr.trim().split('\n'), ['12345 12345', '12345 12345', '1', '1']);
+  // An id map without a size, or a layer list that runs past the request, is refused whole.
+  await t.throwsAsync(s.run({ argv: ['true'], mounts: { ...mounts, idCount: 0 } }), { message: /malformed request/ });
   // Nothing of it is in our namespace.
   t.false((await readFile('/proc/self/mountinfo', 'utf8')).includes(rootfs));
   // The disk directory exists now: mkdir fails, and the message names it.

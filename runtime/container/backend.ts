@@ -41,7 +41,8 @@ import { buildStaticBinary } from '../static-binary.ts';
 import { readText } from '../sync-read.ts';
 import { execInContainer, killTree, nsPid, OutputBudget, signalGroup } from './exec.ts';
 import { Hardening } from './hardening.ts';
-import { baseEnv, DEFAULT_CFS_PERIOD_US, ociConfig } from './oci.ts';
+import { IdRanges } from './ids.ts';
+import { baseEnv, DEFAULT_CFS_PERIOD_US, type IdRange, ociConfig } from './oci.ts';
 import { CgroupSleep } from './sleep.ts';
 import { buildSnapshotBlob, removeStage, snapshotImageName, stageUpper } from './snapshot.ts';
 import { judged, LimitWatch } from './verdict.ts';
@@ -91,6 +92,8 @@ export class ContainerBackend implements Backend, Snapshotting, SnapshotStore, P
   /** Layer digest → its mount point, once mounted (a promise, so concurrent creates mount once). */
   /** Layers each sandbox holds, released when it is destroyed. */
   private readonly layersOf = new Map<string, LayerRef[]>();
+  private readonly idRanges = new IdRanges();
+  private readonly idsOf = new Map<string, IdRange>();
   private execSeq = 0;
   /**
    * The sandboxes' pid 1 (init.c), open: handed to crun as fd 3, it is never a file inside a
@@ -136,7 +139,6 @@ export class ContainerBackend implements Backend, Snapshotting, SnapshotStore, P
     this.sleeper = new CgroupSleep(this.cgroupMode);
     this.hardening = new Hardening(opts.nodeDir, { mode: this.cgroupMode, path: `/paddock/${opts.nodeId}.lxcfs` });
     this.egress = new Egress(opts.nodeId);
-    opts.layers.beforeUnmount = (m) => this.hardening.forgetLayer(m);
     if (this.cgroupMode === 'hybrid') {
       throw new Error('cgroups are hybrid: crun needs /sys/fs/cgroup/unified unmounted; start the node through ops/node-main.ts, which does it in a private mount namespace');
     }
@@ -186,8 +188,26 @@ export class ContainerBackend implements Backend, Snapshotting, SnapshotStore, P
       this.spawn = await Spawner.build(this.opts.binDir, { fd3: this.initBinary?.fd, seal: crun, onOrphanExit: (pid, code) => this.initEnded(pid, code) });
     }
     await this.hardening.traversable(this.sandboxesDir);
-    raiseHostUcounts(this.opts.log);
     if (!this.hardening.lxcfs) await this.hardening.startLxcfs();
+  }
+
+  /**
+   * The sandbox's own range of host ids (ids.ts), taken at its first call and given back when
+   * destroy has seen the last of its processes. FnCall asks before its create, to own its scratch
+   * directories by the same ids.
+   */
+  async idsFor(id: string): Promise<IdRange> {
+    let ids = this.idsOf.get(id);
+    if (!ids) {
+      ids = await this.idRanges.take();
+      const raced = this.idsOf.get(id);
+      if (raced) {
+        this.idRanges.give(ids);
+        return raced;
+      }
+      this.idsOf.set(id, ids);
+    }
+    return ids;
   }
 
   private async layer(id: string, ref: LayerRef): Promise<string> {
@@ -218,9 +238,10 @@ export class ContainerBackend implements Backend, Snapshotting, SnapshotStore, P
       // ~30 (measured at ~100 creates/s: ~25,000 thread switches per second in the node).
       mkdirSync(dir);
       mkdirSync(rootfs);
-      const lowers = await Promise.all(image.layers.map((l) => this.layer(id, l).then((m) => this.hardening.layer(m))));
+      const ids = await this.idsFor(id);
+      const lowers = await Promise.all(image.layers.map((l) => this.layer(id, l)));
       const cpus = this.hardening.pin(id, spec.cpu);
-      const config = ociConfig({ spec, image, rootfs, cgroupsPath: this.cgroupPath(id), cgroupMode: this.cgroupMode, cpus, lxcfs: this.hardening.lxcfs });
+      const config = ociConfig({ spec, image, rootfs, cgroupsPath: this.cgroupPath(id), cgroupMode: this.cgroupMode, ids, userns: this.hardening.userns(dir), cpus, lxcfs: this.hardening.lxcfs });
       extra?.oci?.(config);
       const reaper = this.initBinary !== undefined;
       if (reaper) (config.process as { args: string[] }).args = ['/proc/self/fd/3', ...(isIdleInit(image.init) ? [] : image.init)];
@@ -232,7 +253,7 @@ export class ContainerBackend implements Backend, Snapshotting, SnapshotStore, P
       this.procs.set(id, proc);
       this.sleeper.started(this.cgroupPath(id));
       // overlayfs lists the top layer first; manifests list the bottom first.
-      await this.crunRun(id, dir, spec.qos === 'be', this.hardening.ownMounts(dir, diskMiB, lowers.reverse(), rootfs));
+      await this.crunRun(id, dir, spec.qos === 'be', this.hardening.ownMounts(dir, diskMiB, lowers.reverse(), rootfs, ids));
       // Lazily loaded layers can make the init's execve slow; exec cannot join it before it ends.
       proc.pid = await waitExecuted({ pidFile: join(dir, 'init.pid'), init: reaper ? ['init'] : image.init });
       if (proc.pid === undefined) throw new ProtocolError('BACKEND_FAILED', 'crun run left no init pid');
@@ -251,11 +272,12 @@ export class ContainerBackend implements Backend, Snapshotting, SnapshotStore, P
   }
 
   /**
-   * The sandbox's own share of the kernel's per-user counters (SANDBOX_UCOUNTS). Its user namespace
-   * is owned by the node's root, so without a limit of its own every inotify instance or watch a
-   * sandbox takes is also charged to root on the host: one sandbox holding 128 instances made
-   * host root's inotify_init fail with EMFILE, on every node of the host. The node raises the
-   * host's own limits once (raiseHostUcounts) so that many bounded sandboxes fit under them.
+   * The sandbox's own share of the kernel's per-user counters (SANDBOX_UCOUNTS). What a sandbox
+   * takes is also charged to the owner of its user namespace on the host, against the host's
+   * per-user limits: when crun made the namespace that was root, and one sandbox holding 128
+   * inotify instances made host root's inotify_init fail with EMFILE, on every node of the host.
+   * The owner is now the sandbox's own host uid (spawner.c sandbox_userns), so those charges are
+   * its alone; these limits keep it well inside the host's defaults (128 instances per user).
    */
   private async limitUcounts(id: string, pid: number): Promise<void> {
     const r = await this.spawner().run({ argv: ['@ucounts', String(pid), ...Object.entries(SANDBOX_UCOUNTS).map(([k, v]) => `${k}=${v}`)], captureStderr: true });
@@ -470,7 +492,9 @@ export class ContainerBackend implements Backend, Snapshotting, SnapshotStore, P
   files(id: string): RootFiles {
     // The root's own filesystem only: through the init's root, the container's /proc, /dev and /sys
     // are mounted too, and the node is real root.
-    return new RootFiles(this.rootOf(id), { uid: this.hardening.ids.hostId, gid: this.hardening.ids.hostId }, { oneFilesystem: true, charge: (fd, offset, length) => this.charge(id, [{ fd, offset, length }]), chargeMany: (ranges) => this.charge(id, ranges) });
+    const root = this.rootOf(id);
+    const owner = (this.idsOf.get(id) as IdRange).hostId;
+    return new RootFiles(root, { uid: owner, gid: owner }, { oneFilesystem: true, charge: (fd, offset, length) => this.charge(id, [{ fd, offset, length }]), chargeMany: (ranges) => this.charge(id, ranges) });
   }
 
   /**
@@ -572,6 +596,10 @@ export class ContainerBackend implements Backend, Snapshotting, SnapshotStore, P
     }
     // The overlay and the writable layer went with the container's mount namespace.
     this.hardening.unpin(id);
+    // Only now: not one of its processes is left to be charged to these ids alongside a newcomer's.
+    const ids = this.idsOf.get(id);
+    this.idsOf.delete(id);
+    if (ids) this.idRanges.give(ids);
     for (const ref of this.layersOf.get(id) ?? []) this.opts.layers.release(ref);
     this.layersOf.delete(id);
     await rm(dir, { recursive: true, force: true });
@@ -732,7 +760,7 @@ export class ContainerBackend implements Backend, Snapshotting, SnapshotStore, P
     try {
       await this.sleeper.freeze(path);
       try {
-        await stageUpper(`/proc/${p.disk.pid}/fd/${p.disk.fd}/upper`, stage, this.hardening.ids);
+        await stageUpper(`/proc/${p.disk.pid}/fd/${p.disk.fd}/upper`, stage, this.idsOf.get(id) as IdRange);
       } finally {
         await this.sleeper.thaw(path);
       }
@@ -801,6 +829,7 @@ export class ContainerBackend implements Backend, Snapshotting, SnapshotStore, P
     this.initBinary = undefined;
     await this.egress.close();
     await this.hardening.close();
+    this.idRanges.close();
     // The layers themselves are unmounted by their LayerManager, which the node closes after this.
     await this.removeCgroup(`/paddock/${this.opts.nodeId}`);
     await this.removeCgroup('/paddock');
@@ -868,37 +897,8 @@ function deferCpuQuota(config: Record<string, unknown>): CpuQuota | undefined {
   return q;
 }
 
-/** Per-sandbox limits of its user namespace (/proc/sys/user), against the host-wide pools of HOST_UCOUNTS. */
+/** Per-sandbox limits of its user namespace (/proc/sys/user). */
 const SANDBOX_UCOUNTS = { max_inotify_instances: 64, max_inotify_watches: 16384, max_fanotify_groups: 0, max_fanotify_marks: 0 };
-/**
- * Host-wide per-user limits that every sandbox is charged to: inotify's are root's in the initial
- * namespace (where each sandbox's charges also land); epoll watches and pipe pages count per host
- * uid, and all sandboxes' roots are one uid (SANDBOX_IDS), so one sandbox holding them made
- * another's epoll_ctl fail and its pipes shrink to 8 KiB (F_SETPIPE_SZ EPERM). The kernel memory
- * behind all of them is charged to the memory cgroup of whoever allocates it: each sandbox's
- * memoryMiB is its bound, and these pools are raised (room for 1,024 sandboxes at their inotify
- * limits; pipe-user-pages-soft 0 is "no soft limit").
- */
-const HOST_UCOUNTS: Record<string, number> = {
-  '/proc/sys/fs/inotify/max_user_instances': 65536,
-  '/proc/sys/fs/inotify/max_user_watches': 16 * 1024 * 1024,
-  '/proc/sys/fs/epoll/max_user_watches': 2 ** 30,
-  '/proc/sys/fs/pipe-user-pages-soft': 0,
-};
-
-/** Raises the host's limits to HOST_UCOUNTS where lower (never lowers them; 0 wanted = unlimited); says so. */
-function raiseHostUcounts(log?: Logger): void {
-  for (const [path, want] of Object.entries(HOST_UCOUNTS)) {
-    const now = Number.parseInt(readText(path) ?? '', 10);
-    if (Number.isNaN(now) || now === want || (want !== 0 && now > want)) continue;
-    try {
-      writeFileSync(path, String(want));
-      log?.info({ sysctl: path, from: now, to: want }, 'raised a host-wide per-user limit that every sandbox is also charged to');
-    } catch (err) {
-      log?.warn({ err, sysctl: path }, 'could not raise a host-wide per-user limit');
-    }
-  }
-}
 
 const ENOSPC = osConstants.errno.ENOSPC;
 const ENOMEM = osConstants.errno.ENOMEM;

@@ -1,7 +1,7 @@
 /**
  * The host-side parts of a hardened sandbox that the OCI config cannot express by itself:
- * - read-only layers seen through an idmapped mount, so the sandbox's unprivileged root (the
- *   SANDBOX_IDS range) owns what the image's root owned;
+ * - read-only layers seen through idmapped clones, so the sandbox's unprivileged root (a range of
+ *   host ids of its own, ids.ts) owns what the image's root owned;
  * - a size-bounded writable layer;
  * - CPU pinning, so `nproc` inside counts the CPUs the sandbox may use;
  * - one lxcfs per node, whose /proc files show each reader its own cgroup's memory and CPUs.
@@ -24,16 +24,12 @@ import { type CgroupMode, cgroupDir, mounts } from '../cgroups.ts';
 import { run } from '../proc.ts';
 import { sourceFile } from '../source.ts';
 import type { MountPlan } from '../spawner.ts';
-import { type IdRange, SANDBOX_IDS } from './oci.ts';
+import { type IdRange, SHARED_COUNTER_RLIMITS } from './oci.ts';
 
 /** CPUs lxcfs may use, all sandboxes' /proc reads together (boundLxcfs). */
 const LXCFS_CPU = Number(process.env.PADDOCK_LXCFS_CPU) || 0.5;
 
-const IDMAP_HELPER = sourceFile('runtime/container/idmap.py');
-
 export class Hardening {
-  readonly ids: IdRange = SANDBOX_IDS;
-  private readonly idmapped = new Map<string, Promise<string>>();
   /** Sandboxes pinned to each CPU, to place the next one on the least busy. */
   private readonly pinned: number[];
   private readonly pins = new Map<string, number[]>();
@@ -61,36 +57,11 @@ export class Hardening {
     }
   }
 
-  /** An idmapped view of a mounted read-only layer, made once per node and shared by all sandboxes. */
-  layer(mounted: string): Promise<string> {
-    let p = this.idmapped.get(mounted);
-    if (!p) {
-      p = (async () => {
-        const target = `${mounted}.ids`;
-        await mkdir(target, { recursive: true });
-        if (!mounts().some((m) => m.target === target)) {
-          await run('python3', [IDMAP_HELPER, String(this.ids.hostId), String(this.ids.size), mounted, target]);
-        }
-        return target;
-      })();
-      this.idmapped.set(mounted, p);
-      p.catch(() => this.idmapped.delete(mounted));
-    }
-    return p;
-  }
-
-  /** Removes the idmapped view of a layer that is about to be unmounted (the node's layer cache wants its room). */
-  async forgetLayer(mounted: string): Promise<void> {
-    const p = this.idmapped.get(mounted);
-    this.idmapped.delete(mounted);
-    const target = await p?.catch(() => null);
-    if (target) await run('umount', ['-l', target], { allowFail: true });
-  }
-
   /**
    * The sandbox's root filesystem, made in a mount namespace of its own by the spawner between its
    * fork and `crun run` (spawner.c): a tmpfs of `diskMiB` at `<dir>/disk` (the writable layer,
-   * holding overlay's upper and work dirs) and the overlay of `lowers` (top first) on it at `rootfs`.
+   * holding overlay's upper and work dirs) and the overlay of `lowers` (top first) on it at `rootfs`,
+   * each layer through an idmapped clone owned by the sandbox's range of host ids `ids`.
    *
    * Neither mount is ever in the node's namespace. Each new mount namespace starts as a copy of the
    * one it is made from, and crun's pivot_root then detaches every copied mount: with two mounts per
@@ -102,16 +73,26 @@ export class Hardening {
    * for as long as the container lives — so a crashed node leaves no mount behind either. The node
    * reaches the root through the init's /proc/<pid>/root.
    */
-  ownMounts(dir: string, diskMiB: number, lowers: string[], rootfs: string): MountPlan {
+  /** Where ownMounts keeps the sandbox's user namespace for crun to join (ociConfig's `userns`). */
+  userns(dir: string): string {
+    return join(dir, 'disk', 'userns');
+  }
+
+  ownMounts(dir: string, diskMiB: number, lowers: string[], rootfs: string, ids: IdRange): MountPlan {
     const disk = join(dir, 'disk');
     // Inodes are memory too: bound them with the size, generously (many small files are normal).
     const inodes = Math.max(16384, diskMiB * 256);
     return {
       disk,
       tmpfsOptions: `size=${diskMiB}m,nr_inodes=${inodes},mode=0700`,
-      rootUid: this.ids.hostId,
-      // Relative to the disk, where the spawner mounts it from: mountinfo inside shows them as written.
-      overlayOptions: `lowerdir=${lowers.map((l) => relative(disk, l)).join(':')},upperdir=upper,workdir=work`,
+      rootUid: ids.hostId,
+      idCount: ids.size,
+      msgqueueBytes: SHARED_COUNTER_RLIMITS.find((l) => l.type === 'RLIMIT_MSGQUEUE')?.hard ?? 0,
+      sigpending: SHARED_COUNTER_RLIMITS.find((l) => l.type === 'RLIMIT_SIGPENDING')?.hard ?? 0,
+      layers: lowers,
+      // Relative to the disk, where the spawner mounts the overlay from (its idmapped clones of the
+      // layers are l0, l1, …): mountinfo inside shows them as written, naming no node path.
+      overlayOptions: `lowerdir=${lowers.map((_, i) => `l${i}`).join(':')},upperdir=upper,workdir=work`,
       rootfs,
     };
   }
@@ -210,11 +191,6 @@ export class Hardening {
   }
 
   async close(): Promise<void> {
-    for (const [src, p] of this.idmapped) {
-      const target = await p.catch(() => null);
-      if (target) await run('umount', [target], { allowFail: true });
-      this.idmapped.delete(src);
-    }
     if (this.lxcfsDir) {
       await run('umount', ['-l', this.lxcfsDir], { allowFail: true });
       this.lxcfsProc?.kill('SIGTERM');

@@ -14,8 +14,10 @@ export interface OciInput {
   rootfs: string;
   cgroupsPath: string;
   cgroupMode: CgroupMode;
-  /** Host ids that the sandbox's 0…size-1 map to (default: the shared SANDBOX_IDS range). */
+  /** Host ids that the sandbox's 0…size-1 map to (default: the first range, SANDBOX_IDS). */
   ids?: IdRange;
+  /** A user namespace made for the sandbox beforehand, with those maps, for crun to join (hardening.ts ownMounts). */
+  userns?: string;
   /** CPUs to pin to (`nproc` inside then tells the truth), e.g. "1" or "0-3". */
   cpus?: string;
   /** lxcfs's mount point: its /proc files replace the host's, so meminfo shows the sandbox's limit. */
@@ -28,11 +30,9 @@ export interface IdRange {
 }
 
 /**
- * Root in a sandbox is this unprivileged host uid (and gid), with 65536 ids above it. One range is
- * shared by all sandboxes, so that one idmapped mount of each read-only layer serves every sandbox
- * of a node (per-sandbox ranges would cost an idmapped mount per layer per create). Sandboxes still
- * cannot touch each other: separate mount, pid and network namespaces. Far above the ranges
- * useradd hands out in /etc/subuid.
+ * The first range of host ids a sandbox's 0…65535 map to; each sandbox has a range of its own
+ * above it (ids.ts), so root in one sandbox is a host user no other sandbox shares. Far above the
+ * ranges useradd hands out in /etc/subuid.
  */
 export const SANDBOX_IDS: IdRange = { hostId: 1_000_000_000, size: 65536 };
 
@@ -74,12 +74,13 @@ export const READONLY_PATHS = ['/proc/bus', '/proc/fs', '/proc/irq', '/proc/sys'
 
 /**
  * Pending signals (RT signals queued) and POSIX message-queue bytes are counted per user, and a
- * sandbox's counts are also charged to the node's root on the host (the owner of its user
- * namespace): a sandbox holding them made host root's sigqueue fail with EAGAIN and its mq_open
- * with ENOMEM. A small limit per sandbox bounds what its root can take (each further uid inside
- * has its own; they need per-sandbox id ranges to be bounded together).
+ * sandbox's counts are also charged to the owner of its user namespace on the host: when that was
+ * root (crun made it), a sandbox holding them made host root's sigqueue fail with EAGAIN and its
+ * mq_open with ENOMEM. Each uid inside is bounded by these; the namespace is now owned by the
+ * sandbox's own host uid and made with the same limits (spawner.c sandbox_userns), which bounds the
+ * sum over all uids inside.
  */
-const SHARED_COUNTER_RLIMITS = [
+export const SHARED_COUNTER_RLIMITS = [
   { type: 'RLIMIT_SIGPENDING', ...capped(1024, 'Max pending signals') },
   { type: 'RLIMIT_MSGQUEUE', ...capped(64 * 1024, 'Max msgqueue size') },
 ];
@@ -127,9 +128,9 @@ export function cfsBandwidth(cpu: number): { quota: number; period: number } {
   return { quota: Math.max(1000, Math.round(cpu * period)), period };
 }
 
-export function ociConfig({ spec, image, rootfs, cgroupsPath, cgroupMode, ids = SANDBOX_IDS, cpus, lxcfs }: OciInput): Record<string, unknown> {
+export function ociConfig({ spec, image, rootfs, cgroupsPath, cgroupMode, ids = SANDBOX_IDS, userns, cpus, lxcfs }: OciInput): Record<string, unknown> {
   const memory = spec.memoryMiB * 1024 * 1024;
-  const namespaces = [{ type: 'user' }, { type: 'pid' }, { type: 'network' }, { type: 'ipc' }, { type: 'uts' }, { type: 'mount' }];
+  const namespaces: Array<{ type: string; path?: string }> = [{ type: 'user', ...(userns ? { path: userns } : {}) }, { type: 'pid' }, { type: 'network' }, { type: 'ipc' }, { type: 'uts' }, { type: 'mount' }];
   const idMap = [{ containerID: 0, hostID: ids.hostId, size: ids.size }];
   const lxcfsMounts = lxcfs ? LXCFS_PROC_FILES.map((f) => ({ destination: `/proc/${f}`, type: 'bind', source: `${lxcfs}/proc/${f}`, options: ['rbind', 'ro', 'nosuid', 'nodev', 'noexec'] })) : [];
   if (cgroupMode === 'v2') namespaces.push({ type: 'cgroup' });

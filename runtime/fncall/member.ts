@@ -37,7 +37,6 @@ import { dirname, join } from 'node:path';
 import { Limits, ProtocolError, validateSpec } from '../../protocol/index.ts';
 import { type CgroupMode, cgroupDir, mounts } from '../cgroups.ts';
 import type { ContainerBackend } from '../container/backend.ts';
-import { SANDBOX_IDS } from '../container/oci.ts';
 import { CgroupSleep } from '../container/sleep.ts';
 import { counter } from '../container/verdict.ts';
 import type { ImageManifest } from '../images/store.ts';
@@ -47,8 +46,6 @@ import { Runner, type RunnerAnswer, waitStatus } from './runner.ts';
 
 /** Programs run as this uid and gid inside the sandbox (no such user needs to exist in the image). */
 export const PROGRAM_ID = 1000;
-const HOST_ROOT = SANDBOX_IDS.hostId;
-const HOST_PROGRAM = SANDBOX_IDS.hostId + PROGRAM_ID;
 const MiB = 1024 * 1024;
 /**
  * Added to a call's memory limit on the member's cgroup: the runtime's own page cache (python's
@@ -121,6 +118,9 @@ export class Member {
   private runner?: Runner;
   private initPid = 0;
   private readonly scratch: string;
+  /** Host ids of its root and of its programs' user: the member's own range (container/ids.ts). */
+  private hostRoot = -1;
+  private hostProgram = -1;
   private readonly sleeper: CgroupSleep;
   private readonly cgroup: string;
   private readonly mode: CgroupMode;
@@ -163,6 +163,8 @@ export class Member {
     const inodes = Math.max(4096, this.o.diskMiB * 64);
     await run('mount', ['-t', 'tmpfs', '-o', `size=${this.o.diskMiB}m,nr_inodes=${inodes},mode=0711,nosuid,nodev`, 'paddock-fn', s]);
     for (const d of ['box', 'work', 'tmp', 'shm']) await mkdir(join(s, d));
+    this.hostRoot = (await this.o.backend.idsFor(this.id)).hostId;
+    this.hostProgram = this.hostRoot + PROGRAM_ID;
     this.fixDirs(true);
     const spec = validateSpec({ image: this.image, cpu: 1, memoryMiB: Limits.fn.memoryMiB.max + MEMORY_HEADROOM_MIB, pidsLimit: this.o.pidsLimit, diskMiB: 16, ttlSec: Limits.ttlSec.max });
     await this.o.backend.create(this.id, spec, { image: this.manifest, oci: (c) => this.amend(c) });
@@ -198,10 +200,10 @@ export class Member {
   /** Owners and modes of the scratch directories (a program owns /work and could chmod it). */
   private fixDirs(all: boolean): void {
     const s = this.scratch;
-    chownSync(join(s, 'work'), HOST_PROGRAM, HOST_PROGRAM);
+    chownSync(join(s, 'work'), this.hostProgram, this.hostProgram);
     chmodSync(join(s, 'work'), 0o755);
     if (!all) return;
-    for (const d of ['box', 'tmp', 'shm']) chownSync(join(s, d), HOST_ROOT, HOST_ROOT);
+    for (const d of ['box', 'tmp', 'shm']) chownSync(join(s, d), this.hostRoot, this.hostRoot);
     chmodSync(join(s, 'box'), 0o755);
     chmodSync(join(s, 'tmp'), 0o1777);
     chmodSync(join(s, 'shm'), 0o1777);
@@ -289,9 +291,9 @@ export class Member {
       const parent = dirname(target);
       const made = parent === work ? undefined : mkdirSync(parent, { recursive: true });
       // The directories mkdir made (from `made` down to `parent`) belong to the program too.
-      if (made) for (let d = parent; d.startsWith(made); d = dirname(d)) chownSync(d, HOST_PROGRAM, HOST_PROGRAM);
+      if (made) for (let d = parent; d.startsWith(made); d = dirname(d)) chownSync(d, this.hostProgram, this.hostProgram);
       writeFileSync(target, f.data, { mode: 0o644 });
-      chownSync(target, HOST_PROGRAM, HOST_PROGRAM);
+      chownSync(target, this.hostProgram, this.hostProgram);
     }
   }
 

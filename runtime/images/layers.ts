@@ -54,8 +54,6 @@ export class LayerManager {
   private readonly unmounting = new Map<string, Promise<void>>();
   private readonly layersDir: string;
   private closed = false;
-  /** Runs before a layer is unmounted: whatever was stacked on its mount point (an idmapped view) goes first. */
-  beforeUnmount?: (target: string) => Promise<void>;
 
   constructor(private readonly o: LayerManagerOptions) {
     this.layersDir = join(o.nodeDir, 'layers');
@@ -205,7 +203,6 @@ export class LayerManager {
     this.mountsByDigest.delete(digest);
     clearTimeout(m.idle);
     const done = (async () => {
-      await this.beforeUnmount?.(m.target).catch(() => {});
       const u = await run('umount', [m.target], { allowFail: true });
       if (u.code !== 0) await run('umount', ['-l', m.target], { allowFail: true });
       await rmdir(m.target).catch(() => {});

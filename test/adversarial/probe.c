@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/perf_event.h>
+#include <mqueue.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdint.h>
@@ -155,9 +156,75 @@ static int queue_signals(int n, int seconds) {
   return 0;
 }
 
+/* Sends up to n copies of one fd over a unix socket and never receives them: they stay "in flight", counted per host user. */
+static int scm_fds(int n, int seconds) {
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK, 0, sv) < 0) {
+    printf("scmfds 0 %s\n", strerrorname_np(errno));
+    return 0;
+  }
+  int fd = open("/dev/null", O_RDONLY);
+  enum { PER = 250 };
+  int fds[PER];
+  for (int i = 0; i < PER; i++) fds[i] = fd;
+  int sent = 0;
+  const char *why = "none";
+  while (sent < n) {
+    int k = n - sent < PER ? n - sent : PER;
+    char byte = 0;
+    struct iovec iov = {.iov_base = &byte, .iov_len = 1};
+    union {
+      struct cmsghdr h;
+      char buf[CMSG_SPACE(sizeof(int) * PER)];
+    } c;
+    memset(&c, 0, sizeof c);
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = c.buf, .msg_controllen = CMSG_SPACE(sizeof(int) * k)};
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int) * k);
+    memcpy(CMSG_DATA(cm), fds, sizeof(int) * k);
+    if (sendmsg(sv[0], &m, 0) < 0) {
+      why = strerrorname_np(errno);
+      break;
+    }
+    sent += k;
+  }
+  printf("scmfds %d %s\n", sent, why);
+  fflush(stdout);
+  sleep(seconds);
+  return 0;
+}
+
+/* Opens POSIX message queues of ~8 KiB each until `bytes` are promised or the kernel says no; holds them. */
+static int mqueues(int bytes, int seconds) {
+  struct mq_attr a = {.mq_maxmsg = 8, .mq_msgsize = 1024};
+  int n = 0;
+  const char *why = "none";
+  char name[64];
+  for (; n * 8 * 1024 < bytes; n++) {
+    snprintf(name, sizeof name, "/paddock-probe-%d-%d", (int)getpid(), n);
+    mqd_t q = mq_open(name, O_CREAT | O_EXCL | O_RDWR, 0600, &a);
+    if (q == (mqd_t)-1) {
+      why = strerrorname_np(errno);
+      break;
+    }
+  }
+  printf("mqueue %d %s\n", n, why);
+  fflush(stdout);
+  sleep(seconds);
+  for (int i = 0; i < n; i++) {
+    snprintf(name, sizeof name, "/paddock-probe-%d-%d", (int)getpid(), i);
+    mq_unlink(name);
+  }
+  return 0;
+}
+
 int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "sockets") == 0) return sockets();
   if (argc > 3 && strcmp(argv[1], "sigqueue") == 0) return queue_signals(atoi(argv[2]), atoi(argv[3]));
+  if (argc > 3 && strcmp(argv[1], "scmfds") == 0) return scm_fds(atoi(argv[2]), atoi(argv[3]));
+  if (argc > 3 && strcmp(argv[1], "mqueue") == 0) return mqueues(atoi(argv[2]), atoi(argv[3]));
   if (argc > 3 && strcmp(argv[1], "pipes") == 0) return pipes(atoi(argv[2]), atoi(argv[3]));
   if (argc > 3 && strcmp(argv[1], "inotify") == 0) return inotify(atoi(argv[2]), atoi(argv[3]));
   if (argc > 3 && strcmp(argv[1], "deep") == 0) return deep(argv[2], atoi(argv[3]));
