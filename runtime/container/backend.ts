@@ -8,12 +8,12 @@
  *
  * Layout under the node directory:
  *   layers/<hex>/            one read-only mount per EROFS layer in use
- *   layers/<hex>.ids/        its idmapped view, owned by the sandboxes' unprivileged root
  *   run/                     a tmpfs in the node's own mount namespace (see init)
  *   run/crun/                crun's state (--root)
  *   run/sandboxes/<id>/      bundle: config.json, init.pid, crun.err, exec pid and process files,
- *                            and disk/ (tmpfs: upper/, work/) and rootfs/ (the overlay), mounted
- *                            only in the sandbox's namespaces
+ *                            and disk/ (tmpfs: upper/, work/, l0… the layers idmapped to the
+ *                            sandbox's host ids, userns: its user namespace) and rootfs/ (the
+ *                            overlay), mounted only in the sandbox's namespaces
  */
 import { spawn } from 'node:child_process';
 import { closeSync, constants, mkdirSync, openSync, readFileSync, writeFileSync } from 'node:fs';
