@@ -19,6 +19,8 @@ import {
   type BackendOffer,
   type CreateReply,
   check,
+  type DrainReply,
+  type ErrorCode,
   decode,
   diskMiBOf,
   encode,
@@ -41,6 +43,7 @@ import {
   toWireError,
   unavailable,
   validateCreate,
+  validateDrain,
   validateNodeGroup,
 } from '../protocol/index.ts';
 import { Attr } from '../protocol/trace.ts';
@@ -110,6 +113,8 @@ interface HeldSnapshot {
 }
 
 const MiB = 1024 * 1024;
+/** How long a migration waits for placement to make the sandbox's copy elsewhere. */
+const MIGRATE_CREATE_MS = 120_000;
 /** What a VM's saved state may hold beyond its RAM (device state, video memory). */
 const SNAPSHOT_OVERHEAD_MIB = 32;
 /** The fields of a spec that a snapshot fixes: the machine its state loads into. */
@@ -170,7 +175,7 @@ export class NodeHost {
     this.subs.push(serve(nc, subjects.node(this.id, 'create'), { log, nodeId: this.id, name: 'node.create', maxBytes: Limits.createBytesMax }, (req) => this.create(req.body)));
     this.subs.push(serve(nc, subjects.node(this.id, 'group'), { log, nodeId: this.id, name: 'node.group' }, (req) => this.group(req.body)));
     this.subs.push(serve(nc, subjects.node(this.id, 'info'), { log, nodeId: this.id, name: 'node.info' }, () => this.info()));
-    this.subs.push(serve(nc, subjects.node(this.id, 'drain'), { log, nodeId: this.id, name: 'node.drain' }, () => this.setDraining(true)));
+    this.subs.push(serve(nc, subjects.node(this.id, 'drain'), { log, nodeId: this.id, name: 'node.drain' }, (req) => this.drain(req.body)));
     this.subs.push(serve(nc, subjects.node(this.id, 'undrain'), { log, nodeId: this.id, name: 'node.undrain' }, () => this.setDraining(false)));
     this.subs.push(serve(nc, subjects.node(this.id, 'snapshots.delete'), { log, nodeId: this.id, name: 'node.snapshots.delete' }, (req) => this.deleteSnapshot(req.body)));
     await this.beat();
@@ -248,6 +253,7 @@ export class NodeHost {
       capacity: ctx.capacity,
       allocated: ctx.allocated,
       sandboxes: this.sandboxes.size + this.unadmitted(),
+      migratable: [...this.sandboxes.values()].filter((h) => h.spec.migratable).length,
       heartbeatMs: this.deps.cfg.heartbeatMs,
       ts: this.clock.now(),
       state: admissionState(snap.value) === 'serving' ? 'serving' : 'draining',
@@ -290,6 +296,62 @@ export class NodeHost {
   }
 
   /** Drain: the sandboxes keep running, no new ones come; the record says so at once, so placement skips the node. */
+  /**
+   * Cordons the node; with `migrate`, moves each sandbox created `migratable` to another node, one
+   * at a time, before answering: its files as a snapshot (the image store carries it to any node),
+   * a sandbox of its spec, labels and remaining TTL made from it through placement (which skips
+   * this draining node), then the old one killed with reason `migrated` and `movedTo` in its final
+   * record, which the SDK's handle follows. Its processes do not move: they start afresh there. A
+   * sleeping one is woken for the copy and put back to sleep there. One that cannot move runs on
+   * here, and the reply says why.
+   */
+  private async drain(body: unknown): Promise<DrainReply> {
+    const { migrate } = validateDrain(body);
+    const record = await this.setDraining(true);
+    if (!migrate) return record;
+    const migrated: Record<string, string> = {};
+    const notMigrated: Record<string, string> = {};
+    for (const h of [...this.sandboxes.values()]) {
+      if (!h.spec.migratable || h.info.state === 'stopping' || h.info.state === 'stopped' || h.info.state === 'failed') continue;
+      try {
+        migrated[h.id] = await this.migrate(h);
+      } catch (err) {
+        const w = toWireError(err);
+        notMigrated[h.id] = `${w.code}: ${w.message}`;
+        this.log.warn({ sandbox: h.id, err }, 'a migratable sandbox could not move; it runs on here');
+      }
+    }
+    return { ...(await this.setDraining(true)), migrated, notMigrated };
+  }
+
+  private async migrate(h: SandboxHost): Promise<string> {
+    const asleep = h.info.state === 'paused' || h.info.state === 'hibernated' ? h.info.state : undefined;
+    if (asleep) await h.lifecycle({ type: asleep === 'paused' ? 'RESUME' : 'RESTORE' });
+    if (h.info.state !== 'running') throw new ProtocolError('INVALID_STATE', `sandbox ${h.id} is ${h.info.state}`);
+    const snap = await this.takeSnapshot(h, false);
+    const { fromSnapshot: _, node: __, ...rest } = h.spec;
+    const leftSec = Math.max(1, Math.ceil((h.info.expiresAt - this.clock.now()) / 1000));
+    const spec: SandboxSpec = { ...rest, fromSnapshot: snap.info.id, ttlSec: Math.min(rest.ttlSec, leftSec) };
+    let made: SandboxInfo;
+    try {
+      const m = await this.deps.nc.request(subjects.placeCreate, encode({ spec, timeoutMs: MIGRATE_CREATE_MS }), { timeout: MIGRATE_CREATE_MS + 5_000 });
+      const r = decode(m.data) as { ok: true; result: CreateReply } | { ok: false; error: { code: string; message: string } };
+      if (!r.ok) throw new ProtocolError(r.error.code as ErrorCode, `no other node took it: ${r.error.message}`);
+      made = r.result.sandbox;
+    } catch (err) {
+      await this.dropSnapshot(snap).catch(() => {});
+      if (asleep) await h.lifecycle({ type: asleep === 'paused' ? 'PAUSE' : 'HIBERNATE' }).catch(() => {});
+      throw err;
+    }
+    if (asleep) {
+      await this.deps.nc.request(subjects.sandbox(made.id, asleep === 'paused' ? 'pause' : 'hibernate'), encode({}), { timeout: 60_000 }).catch((err: unknown) => this.log.warn({ err, sandbox: made.id }, `the moved sandbox could not be put back to sleep`));
+    }
+    h.info.movedTo = made.id;
+    await h.kill('migrated');
+    this.log.info({ sandbox: h.id, movedTo: made.id, node: made.node, snapshot: snap.info.id }, 'sandbox moved to another node');
+    return made.id;
+  }
+
   private async setDraining(on: boolean): Promise<NodeRecord> {
     const st = admissionState(this.supervisor.getSnapshot().value);
     if (st === 'stopped') throw new ProtocolError('UNAVAILABLE', `node ${this.id} is stopping`);

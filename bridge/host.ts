@@ -11,7 +11,7 @@ import type { KV } from '@nats-io/kv';
 import type { NatsConnection, Subscription } from '@nats-io/transport-node';
 import type { Logger } from 'pino';
 import { type Actor, createActor, type InspectionEvent } from 'xstate';
-import { Buckets, decode, encode, ensureBucket, type FewerReplicas, fewerReplicasWarning, type NodeRecord, replicasFor, subjects } from '../protocol/index.ts';
+import { Buckets, type DrainReply, decode, encode, ensureBucket, type FewerReplicas, fewerReplicasWarning, type NodeRecord, ProtocolError, type Reply, replicasFor, subjects } from '../protocol/index.ts';
 import { traceHeaders } from '../protocol/trace.ts';
 import { type BridgeContext, bridgeMachine, canProvision, type Decision, type Demand, type NodeView, type Policy } from './machine.ts';
 import type { Provider } from './provider.ts';
@@ -35,6 +35,8 @@ export interface BridgeOptions {
 
 /** A placement replica that has not said what waits for this long has stopped waiting. */
 const DEMAND_STALE_MS = 2000;
+/** A drain answers once its node has moved every migratable sandbox elsewhere: each move takes seconds. */
+const DRAIN_TIMEOUT_MS = 10 * 60_000;
 
 export interface BridgeStatus {
   leader: string | null;
@@ -157,7 +159,7 @@ export class BridgeHost {
 
   private observedNodes(now: number): Record<string, NodeView> {
     const out: Record<string, NodeView> = {};
-    for (const [id, r] of this.nodes) out[id] = { live: isLive(r, now), state: r.state === 'serving' ? 'serving' : 'draining', sandboxes: r.sandboxes };
+    for (const [id, r] of this.nodes) out[id] = { live: isLive(r, now), state: r.state === 'serving' ? 'serving' : 'draining', sandboxes: r.sandboxes, migratable: r.migratable ?? 0, free: r.capacity.sandboxes - r.allocated.sandboxes };
     return out;
   }
 
@@ -263,9 +265,22 @@ export class BridgeHost {
     }
   }
 
+  /** Cordons the machine's node and has it move its migratable sandboxes elsewhere; the others finish there. */
   private async drain(id: string): Promise<void> {
+    const actor = this.actor;
     try {
-      await this.o.nc.request(subjects.node(id, 'drain'), encode({}), { timeout: 5000, headers: traceHeaders() });
+      const m = await this.o.nc.request(subjects.node(id, 'drain'), encode({ migrate: true }), { timeout: DRAIN_TIMEOUT_MS, headers: traceHeaders() });
+      const r = decode(m.data) as Reply<DrainReply>;
+      if (!r.ok) throw new ProtocolError(r.error.code, r.error.message);
+      const moved = Object.keys(r.result.migrated ?? {}).length;
+      const stayed = r.result.notMigrated ?? {};
+      if (moved > 0 || Object.keys(stayed).length > 0) this.o.log.info({ machine: id, moved: r.result.migrated, stayed }, `drain moved ${moved} sandbox(es) off the machine`);
+      const [first] = Object.entries(stayed);
+      if (first) {
+        // They run on there: the machine serves again rather than wait, cordoned, for them to end.
+        await this.o.nc.request(subjects.node(id, 'undrain'), encode({}), { timeout: 5000, headers: traceHeaders() });
+        actor?.send({ type: 'DRAIN_INCOMPLETE', id, reason: `${Object.keys(stayed).length} stayed; ${first[0]}: ${first[1]}`, now: Date.now() });
+      }
     } catch (err) {
       // A node that does not answer is gone or going: the release that follows settles it.
       this.o.log.warn({ err, machine: id }, 'drain request failed');

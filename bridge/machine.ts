@@ -47,6 +47,8 @@ export interface Machine {
   createdAt: number;
   /** Since when its node has had no sandbox (while ready). */
   idleSince?: number;
+  /** Since when every sandbox its node has (none, or only ones created `migratable`) may leave it (while ready). */
+  drainableSince?: number;
 }
 
 /** Demand: creates that wait, summed over placement replicas. */
@@ -61,11 +63,15 @@ export interface NodeView {
   live: boolean;
   state: 'serving' | 'draining';
   sandboxes: number;
+  /** Of those, how many were created `migratable`: a drain moves them to other nodes. */
+  migratable?: number;
+  /** Sandboxes it could still admit (capacity less allocated). */
+  free?: number;
 }
 
 export interface Decision {
   ts: number;
-  action: 'scale-up' | 'joined' | 'drain' | 'release' | 'provider-failed' | 'join-timeout' | 'cannot-provision' | 'adopt';
+  action: 'scale-up' | 'joined' | 'drain' | 'undrain' | 'release' | 'provider-failed' | 'join-timeout' | 'cannot-provision' | 'adopt';
   reason: string;
   machines: string[];
 }
@@ -84,6 +90,8 @@ export interface BridgeContext {
   /** Source of machine ids: the host gives a prefix, the machine numbers. */
   prefix: string;
   seq: number;
+  /** The node table as last observed. */
+  nodes: Record<string, NodeView>;
 }
 
 export type BridgeEvent =
@@ -91,7 +99,9 @@ export type BridgeEvent =
   | { type: 'PROVISIONED'; id: string; now: number }
   | { type: 'PROVISION_FAILED'; id: string; reason: string; now: number }
   | { type: 'RELEASED'; id: string; now: number }
-  | { type: 'ADOPT'; machines: { id: string; createdAt: number }[]; now: number };
+  | { type: 'ADOPT'; machines: { id: string; createdAt: number }[]; now: number }
+  /** A drain could not move every sandbox (no room elsewhere after all): the machine serves again, and is tried again after the idle time. */
+  | { type: 'DRAIN_INCOMPLETE'; id: string; reason: string; now: number };
 
 /** Machines needed for `demand` beyond those already on their way, within policy. */
 export function machinesNeeded(ctx: BridgeContext): { add: number; wanted: number; limit?: string } {
@@ -124,15 +134,38 @@ export function canProvision(ctx: BridgeContext): { ok: boolean; reason?: string
   return { ok: true };
 }
 
+/**
+ * Machines to drain: no create waits, and for the idle time each has held nothing but sandboxes
+ * created `migratable`, for which the other serving nodes have room (taken oldest first, each
+ * one's sandboxes counted against the room before the next).
+ */
 function idleOnes(ctx: BridgeContext): Machine[] {
   if (ctx.demand.count > 0) return [];
-  return Object.values(ctx.machines).filter((m) => m.state === 'ready' && m.idleSince !== undefined && ctx.now - m.idleSince >= ctx.policy.idleMs);
+  const ready = Object.values(ctx.machines)
+    .filter((m) => m.state === 'ready' && m.drainableSince !== undefined && ctx.now - m.drainableSince >= ctx.policy.idleMs)
+    .sort((a, b) => (a.drainableSince as number) - (b.drainableSince as number));
+  const chosen: Machine[] = [];
+  const leaving = new Set(ready.map((m) => m.id));
+  let room = 0;
+  for (const [id, n] of Object.entries(ctx.nodes)) if (n.live && n.state === 'serving' && !leaving.has(id)) room += Math.max(0, n.free ?? 0);
+  for (const m of ready) {
+    const need = ctx.nodes[m.id]?.sandboxes ?? 0;
+    if (need > room) continue;
+    room -= need;
+    chosen.push(m);
+  }
+  return chosen;
 }
 
 function withState(ms: Record<string, Machine>, id: string, state: MachineState, now: number): Record<string, Machine> {
   const m = ms[id];
   if (!m) return ms;
-  return { ...ms, [id]: { ...m, state, since: now, idleSince: undefined } };
+  return { ...ms, [id]: { ...m, state, since: now, idleSince: undefined, drainableSince: undefined } };
+}
+
+/** Sandboxes a drain would have to wait for: those not created `migratable`. */
+function mustStay(n: NodeView): number {
+  return n.sandboxes - Math.min(n.sandboxes, n.migratable ?? 0);
 }
 
 /** Folds an observation of the node table into the machines: joined, idle, busy. */
@@ -140,8 +173,8 @@ function observeNodes(ms: Record<string, Machine>, nodes: Record<string, NodeVie
   const out: Record<string, Machine> = {};
   for (const m of Object.values(ms)) {
     const n = nodes[m.id];
-    if (m.state === 'joining' && n?.live && n.state === 'serving') out[m.id] = { ...m, state: 'ready', since: now, idleSince: n.sandboxes === 0 ? now : undefined };
-    else if (m.state === 'ready' && n) out[m.id] = { ...m, idleSince: n.sandboxes > 0 ? undefined : (m.idleSince ?? now) };
+    if (m.state === 'joining' && n?.live && n.state === 'serving') out[m.id] = { ...m, state: 'ready', since: now, idleSince: n.sandboxes === 0 ? now : undefined, drainableSince: mustStay(n) === 0 ? now : undefined };
+    else if (m.state === 'ready' && n) out[m.id] = { ...m, idleSince: n.sandboxes > 0 ? undefined : (m.idleSince ?? now), drainableSince: mustStay(n) > 0 ? undefined : (m.drainableSince ?? now) };
     else out[m.id] = m;
   }
   return out;
@@ -173,7 +206,7 @@ export const bridgeMachine = setup({
     decide: (_, _p: Decision) => {},
     observe: assign(({ context, event }) => {
       if (event.type !== 'OBSERVE') return {};
-      return { now: event.now, demand: event.demand, machines: observeNodes(context.machines, event.nodes, event.now) };
+      return { now: event.now, demand: event.demand, nodes: event.nodes, machines: observeNodes(context.machines, event.nodes, event.now) };
     }),
     scaleUp: enqueueActions(({ context, enqueue }) => {
       const { add } = machinesNeeded(context);
@@ -195,7 +228,7 @@ export const bridgeMachine = setup({
       let machines = context.machines;
       for (const m of idle) machines = withState(machines, m.id, 'draining', context.now);
       enqueue.assign({ machines });
-      fx(enqueue, { type: 'decide', params: { ts: context.now, action: 'drain', reason: `no create waits and ${idle.length === 1 ? 'this machine has' : 'these machines have'} had no sandbox for ${context.policy.idleMs} ms`, machines: idle.map((m) => m.id) } });
+      fx(enqueue, { type: 'decide', params: { ts: context.now, action: 'drain', reason: `no create waits and ${idle.length === 1 ? 'this machine has' : 'these machines have'} had no sandbox for ${context.policy.idleMs} ms but ones created migratable, which the drain moves to other nodes`, machines: idle.map((m) => m.id) } });
       for (const m of idle) fx(enqueue, { type: 'drain', params: { id: m.id } });
     }),
     releaseDrained: enqueueActions(({ context, event, enqueue }) => {
@@ -246,7 +279,7 @@ export const bridgeMachine = setup({
   },
 }).createMachine({
   id: 'bridge',
-  context: ({ input }) => ({ policy: input.policy, prefix: input.prefix, machines: {}, demand: { count: 0, cpu: 0, memoryMiB: 0 }, now: 0, started: 0, failures: 0, coolUntil: 0, seq: 0 }),
+  context: ({ input }) => ({ policy: input.policy, prefix: input.prefix, machines: {}, demand: { count: 0, cpu: 0, memoryMiB: 0 }, now: 0, started: 0, failures: 0, coolUntil: 0, seq: 0, nodes: {} }),
   initial: 'watching',
   on: {
     // Observations update what the bridge knows in every phase; each phase then decides.
@@ -278,6 +311,14 @@ export const bridgeMachine = setup({
       }),
     },
     PROVISIONED: { actions: assign({ machines: ({ context, event }) => withState(context.machines, event.id, 'joining', event.now) }) },
+    DRAIN_INCOMPLETE: {
+      actions: enqueueActions(({ context, event, enqueue }) => {
+        const m = context.machines[event.id];
+        if (m?.state !== 'draining') return;
+        enqueue.assign({ machines: { ...context.machines, [m.id]: { ...m, state: 'ready', since: event.now, drainableSince: event.now } } });
+        enqueue({ type: 'decide', params: { ts: event.now, action: 'undrain', reason: `its drain could not move every sandbox (${event.reason}): it serves again, and is tried again after the idle time`, machines: [m.id] } });
+      }),
+    },
   },
   states: {
     watching: {

@@ -66,6 +66,8 @@ export type {
   LayerLoadMode,
   LayerStats,
   NodeLayerStats,
+  DrainReply,
+  DrainRequest,
   NodeRecord,
   Reply,
   Resources,
@@ -85,7 +87,7 @@ export { LISTED_BY_DEFAULT, selectSandboxes } from './directory.ts';
 export type { DirectoryQuery } from './directory.ts';
 export type { FewerReplicas, ScanOptions } from './kv.ts';
 export { positiveEnv } from './env.ts';
-export { check, diskMiBOf, isMap, Limits, optionalCount, requireRecord, SandboxRequests, validateCreate, validateExec, validateFnInvoke, validateNodeGroup, validatePath, validateSandboxRequest, validateSpec, validateStep } from './validate.ts';
+export { check, diskMiBOf, isMap, Limits, optionalCount, requireRecord, SandboxRequests, validateCreate, validateDrain, validateExec, validateFnInvoke, validateNodeGroup, validatePath, validateSandboxRequest, validateSpec, validateStep } from './validate.ts';
 export type { FnInvoke } from './validate.ts';
 export { newRolloutId, newSandboxId, newSnapshotId } from './ids.ts';
 export { Operations, protocolJsonSchema, protocolTable } from './api.ts';

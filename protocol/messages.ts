@@ -59,6 +59,8 @@ export type {
   KillRequest,
   NetworkPolicy,
   NodeGroupRequest,
+  DrainReply,
+  DrainRequest,
   NodeRecord,
   PortEvent,
   PortsCloseReply,

@@ -29,7 +29,7 @@ export const IdleActions = ['pause', 'hibernate', 'kill'] as const;
 export type IdleAction = (typeof IdleActions)[number];
 export const QosClasses = ['ls', 'be'] as const;
 export type QosClass = (typeof QosClasses)[number];
-export const EndReasons = ['killed', 'ttl', 'idle', 'create_failed', 'node_restarted', 'node_lost', 'crashed'] as const;
+export const EndReasons = ['killed', 'ttl', 'idle', 'create_failed', 'node_restarted', 'node_lost', 'crashed', 'migrated'] as const;
 export type EndReason = (typeof EndReasons)[number];
 
 /**
@@ -159,6 +159,12 @@ export const SandboxSpec = Type.Object(
     qos: literals(QosClasses, { default: 'ls', errorMessage: `must be one of ${QosClasses.join(', ')}, got {value}`, description: '`ls` latency-sensitive or `be` best-effort (SCHED_IDLE, low weight)' }),
     autoResume: Type.Boolean({ default: true, description: 'exec and file calls on a paused or hibernated sandbox wake it first, or fail with INVALID_STATE' }),
     display: Type.Optional(DisplaySpec),
+    migratable: Type.Optional(
+      Type.Boolean({
+        description:
+          "a node drained with `migrate` may move it to another node (containers only): its files go over as a snapshot, and a new sandbox with its spec, labels and the rest of its TTL starts from them there; its processes start afresh. The old one ends `stopped`, reason `migrated`, with `movedTo`; the SDK's handle follows it",
+      }),
+    ),
     fromSnapshot: Type.Optional(
       Token('start as a copy of this snapshot (`pdk.v1.snapshots.list`): backend, image, toolkit, workspace, memoryMiB, cpu and diskMiB come from it when not given; a VM snapshot fixes them all and runs on the node that holds it, a container snapshot fixes only the images and runs on any node reading its image store (a different fixed value is INVALID_SPEC)', 'must be a snapshot id'),
     ),
@@ -191,6 +197,7 @@ export const SandboxInfo = Type.Object(
     sleepReason: Type.Optional(Type.String({ description: 'why it last went to sleep: `idle`, `pressure`, `group`, or `requested`' })),
     released: Type.Optional(Type.Object({ bytes: Type.Number(), swapped: Type.Boolean() }, { description: 'what the last hibernation gave back to the node' })),
     error: Type.Optional(WireErrorSchema),
+    movedTo: Type.Optional(Type.String({ description: 'reason `migrated`: the id of the sandbox it goes on as, on another node' })),
   },
   { $id: 'SandboxInfo' },
 );
@@ -910,6 +917,7 @@ export const NodeRecord = Type.Object(
     capacity: Resources,
     allocated: Resources,
     sandboxes: Type.Integer({ minimum: 0, description: 'sandboxes live on the node' }),
+    migratable: Type.Optional(Type.Integer({ minimum: 0, description: 'of `sandboxes`, those created `migratable`: a drain with `migrate` moves them to other nodes' })),
     heartbeatMs: Type.Number({ description: 'heartbeat period; a record older than 3 periods is dead' }),
     ts: Type.Number({ description: 'when the record was written (ms since the epoch)' }),
     state: literals(NodeStates),
@@ -923,6 +931,23 @@ export const NodeRecord = Type.Object(
   { $id: 'NodeRecord' },
 );
 export type NodeRecord = Static<typeof NodeRecord>;
+/** `node.<node>.drain`: cordon the node, and with `migrate` move its migratable sandboxes elsewhere. */
+export const DrainRequest = Type.Object(
+  { migrate: Type.Optional(Type.Boolean({ description: 'move every sandbox created with `migratable` to another node before answering; the others run on' })) },
+  { $id: 'DrainRequest', additionalProperties: false },
+);
+export type DrainRequest = Static<typeof DrainRequest>;
+export const DrainReply = Type.Intersect(
+  [
+    NodeRecord,
+    Type.Object({
+      migrated: Type.Optional(Type.Record(Type.String(), Type.String(), { description: 'with `migrate`: old sandbox id → the id it goes on as' })),
+      notMigrated: Type.Optional(Type.Record(Type.String(), Type.String(), { description: 'with `migrate`: migratable sandboxes that stayed, and why (they run on here)' })),
+    }),
+  ],
+  { $id: 'DrainReply' },
+);
+export type DrainReply = Static<typeof DrainReply>;
 export const NodesListRequest = Type.Object({ state: Type.Optional(literals(NodeStates)), backend: Type.Optional(literals(Backends)) }, { $id: 'NodesListRequest' });
 export const NodesListReply = Type.Object({ nodes: Type.Array(NodeRecord, { description: 'sorted by node id' }) }, { $id: 'NodesListReply' });
 /** `node.<node>.info`: the node's record and what it holds now. */
@@ -1050,4 +1075,6 @@ export const NamedSchemas: Record<string, TSchema> = {
   NodesListRequest,
   NodesListReply,
   NodeInfoReply,
+  DrainRequest,
+  DrainReply,
 };

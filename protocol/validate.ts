@@ -15,6 +15,7 @@ import {
   ComputerAction,
   DisplayViewRequest,
   CreateRequest,
+  DrainRequest,
   Empty,
   ExecCancelRequest,
   ExecResumeRequest,
@@ -263,7 +264,15 @@ export function validateSpec(input: unknown): SandboxSpec {
   const spec = check(SandboxSpec, input, 'INVALID_SPEC', 'spec');
   envBytes('env', spec.env, 'INVALID_SPEC');
   if (spec.network !== undefined) spec.network = validateNetworkPolicy(spec.network);
+  if (spec.migratable && spec.backend !== 'container') {
+    throw new ProtocolError('INVALID_SPEC', `migratable: only container sandboxes move between nodes (their files go through the image store); a ${spec.backend}'s state stays on its node`, { detail: { field: 'migratable' } });
+  }
   return spec;
+}
+
+/** `node.<node>.drain`'s body (empty: cordon only). */
+export function validateDrain(input: unknown): DrainRequest {
+  return check(DrainRequest, input ?? {}, 'INVALID_REQUEST', 'drain');
 }
 
 const TOKEN = new RegExp(TOKEN_PATTERN);

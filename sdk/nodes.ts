@@ -1,8 +1,11 @@
 /** The nodes of a Paddock: their heartbeat records and what each reports about itself. */
 import { type KV, Kvm } from '@nats-io/kv';
-import { type BackendKind, Buckets, type LayerStats, type NodeLayerStats, type NodeRecord, ProtocolError, scanKv, subjects } from '../protocol/index.ts';
+import { type BackendKind, Buckets, type DrainReply, type LayerStats, type NodeLayerStats, type NodeRecord, ProtocolError, scanKv, subjects } from '../protocol/index.ts';
 import { errorFromWire } from './errors.ts';
 import type { CallOptions, Transport } from './transport.ts';
+
+/** A drain that moves sandboxes waits this long by default: each move snapshots files and makes a sandbox. */
+const MIGRATE_TIMEOUT_MS = 10 * 60_000;
 
 /** Counters of one layer on one node. */
 export type NodeLayer = LayerStats;
@@ -46,9 +49,14 @@ export class Nodes {
     return (await this.t.request<{ nodes: NodeRecord[] }>(subjects.nodeList, filter, opts)).nodes;
   }
 
-  /** Stops new sandboxes from landing on `node`; the ones it has keep running. Its record after. */
-  drain(node: string, opts?: CallOptions): Promise<NodeRecord> {
-    return this.t.request<NodeRecord>(subjects.node(node, 'drain'), {}, opts);
+  /**
+   * Stops new sandboxes from landing on `node`; the ones it has keep running. With `migrate`, those
+   * created `migratable` are first moved to other nodes (files, spec, labels and the rest of their
+   * TTL; their processes start afresh), and the reply says which went where and which stayed.
+   */
+  drain(node: string, opts: CallOptions & { migrate?: boolean } = {}): Promise<DrainReply> {
+    const { migrate, ...call } = opts;
+    return this.t.request<DrainReply>(subjects.node(node, 'drain'), migrate ? { migrate } : {}, { ...(migrate ? { timeoutMs: MIGRATE_TIMEOUT_MS } : {}), ...call });
   }
 
   /** Lets a drained node take new sandboxes again. */

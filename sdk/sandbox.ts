@@ -98,6 +98,8 @@ const RESUME_TIMEOUT_MS = 5000;
 /** A sandbox that nothing answers for this long (its node died) ends its streams. */
 const LOST_AFTER_MS = 2000;
 const DEFAULT_EXEC_TIMEOUT_MS = Limits.exec.timeoutMs.default;
+/** Moves a call follows (a sandbox drained off one node after another) before it gives up. */
+const MAX_MOVES = 4;
 const utf8 = new TextDecoder();
 
 /** @internal the wire body of an exec (the command log digests the same fields). */
@@ -173,13 +175,38 @@ export class Sandbox {
     return this.info.id;
   }
 
-  /** @internal */
-  call<T>(verb: SandboxVerb, body: unknown, opts: CallOptions = {}): Promise<T> {
+  /**
+   * @internal
+   * A sandbox that a drain moved to another node (reason `migrated`) is followed: the call goes to
+   * the sandbox it goes on as, and this handle becomes that one (its `id` changes).
+   */
+  async call<T>(verb: SandboxVerb, body: unknown, opts: CallOptions = {}): Promise<T> {
+    for (let hop = 0; ; hop++) {
+      try {
+        return await this.callHere<T>(verb, body, opts);
+      } catch (e) {
+        if (hop < MAX_MOVES && e instanceof NotFoundError && (await this.follow())) continue;
+        throw e;
+      }
+    }
+  }
+
+  private callHere<T>(verb: SandboxVerb, body: unknown, opts: CallOptions): Promise<T> {
     // An ended sandbox answers nothing (its actor is gone): the verb table says which verbs still
     // mean anything there, and the directory says how it ended without a request that cannot succeed.
     const st = this.info.state;
     if ((st === 'stopped' || st === 'failed') && !SandboxVerbTable[verb].states.includes(st)) return this.gone();
     return this.t.request<T>(subjects.sandbox(this.id, verb), body, opts, () => this.gone(), this.spanAttributes());
+  }
+
+  /** When the last record says the sandbox moved: this handle becomes the one it moved to. */
+  private async follow(): Promise<boolean> {
+    const to = this.info.movedTo;
+    if (!to || this.info.reason !== 'migrated') return false;
+    const next = await this.lookup(to).catch(() => null);
+    if (!next) return false;
+    this.info = next;
+    return true;
   }
 
   /** Where the sandbox runs, for its calls' spans: replies such as exec's do not say. */
@@ -196,7 +223,7 @@ export class Sandbox {
     const rec = await this.lookup(this.id).catch(() => null);
     if (rec) {
       this.info = rec;
-      throw new NotFoundError('NOT_FOUND', `sandbox ${this.id} is ${rec.state}${rec.reason ? ` (${rec.reason})` : ''}`, { detail: { state: rec.state, reason: rec.reason } });
+      throw new NotFoundError('NOT_FOUND', `sandbox ${this.id} is ${rec.state}${rec.reason ? ` (${rec.reason})` : ''}${rec.movedTo ? `, moved to ${rec.movedTo}` : ''}`, { detail: { state: rec.state, reason: rec.reason, ...(rec.movedTo ? { movedTo: rec.movedTo } : {}) } });
     }
     throw new NotFoundError('NOT_FOUND', `sandbox ${this.id} does not exist`);
   }
@@ -228,6 +255,9 @@ export class Sandbox {
    * UNAVAILABLE (or NOT_FOUND when the sandbox ended), not at the exec's timeout.
    */
   async *execStream(cmd: string | string[], opts: ExecOptions = {}): AsyncGenerator<ExecStreamEvent, void, undefined> {
+    // A stream is not sent again when it finds the sandbox moved (its command may have run): one
+    // started on a handle already known to be moved goes where the sandbox is now.
+    if (this.info.movedTo) await this.follow();
     const body = execBody(cmd, opts);
     const execId = `e${Math.random().toString(36).slice(2, 14)}`;
     const nc = this.t.nc;
@@ -356,7 +386,8 @@ export class Sandbox {
     const rec = await this.lookup(this.id).catch(() => null);
     if (rec) this.info = rec;
     if (rec && (rec.state === 'stopped' || rec.state === 'failed')) {
-      return new NotFoundError('NOT_FOUND', `sandbox ${this.id} is ${rec.state}${rec.reason ? ` (${rec.reason})` : ''}: stream ${execId} ended after event ${next}`, { detail: { state: rec.state, reason: rec.reason } });
+      const moved = rec.movedTo ? `, moved to ${rec.movedTo} (the next call on this handle goes there)` : '';
+      return new NotFoundError('NOT_FOUND', `sandbox ${this.id} is ${rec.state}${rec.reason ? ` (${rec.reason})` : ''}${moved}: stream ${execId} ended after event ${next}`, { detail: { state: rec.state, reason: rec.reason, ...(rec.movedTo ? { movedTo: rec.movedTo } : {}) } });
     }
     const node = rec?.node ?? this.info.node;
     return new UnavailableError('UNAVAILABLE', `sandbox ${this.id} no longer answers (its node ${node} is gone or cut off): stream ${execId} ended after event ${next}; its output from there on is lost`, { detail: { node, execId, reason: 'no_responders' } });

@@ -5,6 +5,8 @@
  */
 import { readdir } from 'node:fs/promises';
 import { join } from 'node:path';
+import { decode, encode, subjects } from '../protocol/index.ts';
+import { connectionOf } from '../sdk/client.ts';
 import type { Sandbox } from '../sdk/index.ts';
 import { clusterTest } from './helpers/cluster.ts';
 
@@ -131,4 +133,60 @@ test.serial("bad input: an unknown snapshot is NOT_FOUND, another image than the
   const after = await pdk.sandboxes.create({ fromSnapshot: snap.id });
   t.teardown(() => after.kill().catch(() => {}));
   t.is((await after.exec(['cat', '/work/pkg/sub/mod.py'])).stdout, 'v2\n');
+});
+
+test.serial('drain --migrate moves migratable sandboxes, files and all, to the other node, asleep ones asleep; handles follow; the others run on', async (t) => {
+  const { pdk, cluster } = t.context;
+  const [n1, n2] = cluster.nodes;
+  if (!n1 || !n2) return t.fail('two nodes');
+  const mover = await pdk.sandboxes.create({ node: n1.id, migratable: true, labels: { t: 'move' }, group: 'movers', ttlSec: 3600 });
+  const sleeper = await pdk.sandboxes.create({ node: n1.id, migratable: true, labels: { t: 'move-asleep' } });
+  const stayer = await pdk.sandboxes.create({ node: n1.id, labels: { t: 'stay' } });
+  const ids = [mover.id, sleeper.id];
+  t.teardown(async () => {
+    await pdk.nodes.undrain(n1.id).catch(() => {});
+    for (const sb of [mover, sleeper, stayer]) await sb.kill().catch(() => {});
+    for (const id of ids) for (const s of await pdk.snapshots.list({ from: id })) await pdk.snapshots.delete(s.id);
+  });
+  const prep = await mover.exec(['sh', '-c', PREPARE]);
+  t.is(prep.exitCode, 0, prep.stderr);
+  await sleeper.files.write('/work/note', 'written before its sleep');
+  await sleeper.pause();
+  const [moverId, sleeperId] = ids as [string, string];
+
+  const r = await pdk.nodes.drain(n1.id, { migrate: true });
+  t.is(r.state, 'draining');
+  t.deepEqual(r.notMigrated, {});
+  t.deepEqual(Object.keys(r.migrated ?? {}).sort(), [moverId, sleeperId].sort());
+  t.is(r.sandboxes, 1, 'only the one not migratable is left on the node');
+
+  // The same handle: its next call reaches the copy on the other node, which has every file.
+  checkOutput(t, (await mover.exec(['sh', '-c', CHECK])).stdout);
+  t.is(mover.id, r.migrated?.[moverId] ?? 'none');
+  t.like(mover.info, { node: n2.id, state: 'running', group: 'movers', labels: { t: 'move' } });
+  t.true(mover.info.expiresAt <= Date.now() + 3600_000, 'the copy has what was left of the TTL');
+  const old = await pdk.sandboxes.get(moverId);
+  t.like(old.info, { state: 'stopped', reason: 'migrated', movedTo: mover.id, node: n1.id });
+
+  // Asleep before, asleep after; woken, its files are there.
+  t.like(await sleeper.refresh(), { id: r.migrated?.[sleeperId], node: n2.id, state: 'paused' });
+  t.is((await sleeper.exec(['cat', '/work/note'])).stdout, 'written before its sleep');
+
+  // Not migratable: it runs on where it was.
+  t.is((await stayer.exec(['echo', 'here'])).stdout, 'here\n');
+  t.is(stayer.info.node, n1.id);
+
+  // Drained again, nothing is left to move.
+  const again = await pdk.nodes.drain(n1.id, { migrate: true });
+  t.deepEqual(again.migrated, {});
+  t.deepEqual(again.notMigrated, {});
+});
+
+test('migratable is for containers: on a VM backend it is INVALID_SPEC, and a drain request is checked', async (t) => {
+  const { pdk, cluster } = t.context;
+  await t.throwsAsync(pdk.sandboxes.create({ backend: 'microvm', migratable: true }), { code: 'INVALID_SPEC', message: /migratable/ } as never);
+  const n1 = cluster.nodes[0];
+  if (!n1) return t.fail('a node');
+  const m = await connectionOf(pdk).request(subjects.node(n1.id, 'drain'), encode({ migrate: 'yes' }), { timeout: 5000 });
+  t.like(decode(m.data), { ok: false, error: { code: 'INVALID_REQUEST' } });
 });

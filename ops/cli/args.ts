@@ -12,7 +12,7 @@ export const GLOBAL = {
 
 export const COMMANDS = {
   up: {},
-  node: {},
+  node: { migrate: { type: 'boolean' } },
   placement: {},
   status: { json: { type: 'boolean' } },
   down: {},
@@ -55,7 +55,7 @@ export const COMMANDS = {
 export type Command = keyof typeof COMMANDS;
 
 /** Every flag any command knows, so each command reads its values from one typed record. */
-const ALL = { ...GLOBAL, ...COMMANDS.create, ...COMMANDS.exec, ...COMMANDS.ps, ...COMMANDS.info, ...COMMANDS.logs } satisfies Options;
+const ALL = { ...GLOBAL, ...COMMANDS.node, ...COMMANDS.create, ...COMMANDS.exec, ...COMMANDS.ps, ...COMMANDS.info, ...COMMANDS.logs } satisfies Options;
 type Values = ReturnType<typeof parseArgs<{ options: typeof ALL; allowPositionals: true }>>['values'];
 
 export interface Args {

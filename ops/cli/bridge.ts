@@ -48,8 +48,16 @@ export async function bridgeCli(a: Args): Promise<number> {
 
 export async function nodeVerb(a: Args): Promise<number> {
   const [verb, id, ...rest] = a.positionals;
-  if ((verb !== 'drain' && verb !== 'undrain') || !isToken(id) || rest.length > 0) throw new UsageError('usage: paddock node drain|undrain <node-id>');
+  const migrate = a.values.migrate === true;
+  if ((verb !== 'drain' && verb !== 'undrain') || !isToken(id) || rest.length > 0 || (migrate && verb !== 'drain')) throw new UsageError('usage: paddock node drain [--migrate] <node-id> | paddock node undrain <node-id>');
   return withClient(a.values, async (pdk) => {
+    if (migrate) {
+      const r = await pdk.nodes.drain(id, { migrate });
+      for (const [from, to] of Object.entries(r.migrated ?? {})) out(`${from} → ${to}`);
+      for (const [from, why] of Object.entries(r.notMigrated ?? {})) out(`${from} stays: ${why}`);
+      out(`node ${id} draining: ${Object.keys(r.migrated ?? {}).length} moved, ${Object.keys(r.notMigrated ?? {}).length} could not move; ${r.sandboxes} run on here`);
+      return Object.keys(r.notMigrated ?? {}).length > 0 ? 1 : 0;
+    }
     await ask(pdk, subjects.node(id, verb), 5000);
     out(verb === 'drain' ? `node ${id} draining: placement skips it; its sandboxes run on` : `node ${id} serving again`);
     return 0;

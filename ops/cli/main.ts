@@ -26,6 +26,9 @@ Run Paddock on this host:
   placement                run a placement replica on its own in the foreground, joining
                            $NATS_URL; SIGTERM drains it (calls under way finish)
   node drain|undrain <id>  cordon a node (placement skips it; its sandboxes run on), or undo it
+  node drain --migrate <id>
+                           cordon it and move its sandboxes created 'migratable' to other nodes
+                           (files, spec and labels; their processes start afresh)
   nats cluster [--servers N] [--dir DIR]
                            run a NATS cluster of N servers (default 3) in the foreground for
                            nodes to join; prints its NATS_URL ('paddock nats help')
@@ -110,6 +113,7 @@ async function main(argv: string[]): Promise<number> {
       return (await import('./service.ts')).upCmd(a);
     case 'node':
       if (a.positionals.length > 0) return (await import('./bridge.ts')).nodeVerb(a);
+      if (a.values.migrate) throw new UsageError('--migrate goes with `paddock node drain --migrate <node-id>`');
       return (await import('./service.ts')).nodeCmd(a);
     case 'bridge':
       return (await import('./bridge.ts')).bridgeCli(a);
