@@ -343,6 +343,9 @@ export class NodeHost {
       if (asleep) await h.lifecycle({ type: asleep === 'paused' ? 'PAUSE' : 'HIBERNATE' }).catch(() => {});
       throw err;
     }
+    // As after a fork, the copy has what it needs; a record left here would outlive this node (a
+    // bridge machine is given back once drained) with no one to delete it.
+    await this.dropSnapshot(snap).catch((err: unknown) => this.log.warn({ err, snapshot: snap.info.id }, 'removing a migration snapshot failed'));
     if (asleep) {
       await this.deps.nc.request(subjects.sandbox(made.id, asleep === 'paused' ? 'pause' : 'hibernate'), encode({}), { timeout: 60_000 }).catch((err: unknown) => this.log.warn({ err, sandbox: made.id }, `the moved sandbox could not be put back to sleep`));
     }

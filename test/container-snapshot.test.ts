@@ -146,7 +146,6 @@ test.serial('drain --migrate moves migratable sandboxes, files and all, to the o
   t.teardown(async () => {
     await pdk.nodes.undrain(n1.id).catch(() => {});
     for (const sb of [mover, sleeper, stayer]) await sb.kill().catch(() => {});
-    for (const id of ids) for (const s of await pdk.snapshots.list({ from: id })) await pdk.snapshots.delete(s.id);
   });
   const prep = await mover.exec(['sh', '-c', PREPARE]);
   t.is(prep.exitCode, 0, prep.stderr);
@@ -175,6 +174,9 @@ test.serial('drain --migrate moves migratable sandboxes, files and all, to the o
   // Not migratable: it runs on where it was.
   t.is((await stayer.exec(['echo', 'here'])).stdout, 'here\n');
   t.is(stayer.info.node, n1.id);
+
+  // No snapshot is left behind by the moves.
+  for (const id of ids) t.deepEqual(await pdk.snapshots.list({ from: id }), []);
 
   // Drained again, nothing is left to move.
   const again = await pdk.nodes.drain(n1.id, { migrate: true });
