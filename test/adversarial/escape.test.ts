@@ -266,6 +266,47 @@ test.serial('root in each sandbox is a host user of its own: two sandboxes map t
   t.is((await a.exec(['sh', '-c', 'stat -c %u /bin/busybox && touch /tmp/x && stat -c %u /tmp/x'])).stdout, '0\n0\n');
 });
 
+test.serial('a sandbox holding inotify and epoll watches leaves host root and another sandbox theirs, under host limits it alone could nearly exhaust: ISOLATED', async (t) => {
+  const { pdk } = t.context;
+  const a = await pdk.sandboxes.create({ cpu: 1 });
+  const b = await pdk.sandboxes.create({ cpu: 1 });
+  t.teardown(async () => {
+    await a.kill();
+    await b.kill();
+  });
+  const probe = await probeBinary();
+  for (const sb of [a, b]) await sb.files.write('/usr/local/bin/probe', probe, { mode: 0o755 });
+  const host = join(tmpdir(), `paddock-probe-host-${process.pid}`);
+  await writeFile(host, probe, { mode: 0o755 });
+  t.teardown(() => rm(host, { force: true }));
+  // Host-wide per-user limits low enough that one sandbox's share, charged to the same user as
+  // another's (or to root), would leave that one too little: 24,000 inotify watches and 120,000
+  // epoll watches, for the few seconds of the case (the node reads neither at run time).
+  const limits: Record<string, string> = { '/proc/sys/fs/inotify/max_user_watches': '24000', '/proc/sys/fs/epoll/max_user_watches': '120000' };
+  const before: Record<string, string> = {};
+  for (const [f, v] of Object.entries(limits)) {
+    before[f] = (await readFile(f, 'utf8')).trim();
+    await writeFile(f, v);
+  }
+  t.teardown(async () => {
+    for (const [f, v] of Object.entries(before)) await writeFile(f, v);
+  });
+  let seen = '';
+  await underAttack(t, 'inotify and epoll watches held by one sandbox', 'ISOLATED', async () => {
+    const watching = a.exec(['/usr/local/bin/probe', 'watches', '100000', '5'], { timeoutMs: 30_000 });
+    const polling = a.exec(['/usr/local/bin/probe', 'epoll', '100000', '5'], { timeoutMs: 30_000 });
+    await new Promise((r) => setTimeout(r, 2000));
+    const hostWatches = (await run(host, ['watches', '12000', '0'])).stdout.trim();
+    const otherWatches = (await b.exec(['/usr/local/bin/probe', 'watches', '12000', '0'])).stdout.trim();
+    const otherEpoll = (await b.exec(['/usr/local/bin/probe', 'epoll', '60000', '0'])).stdout.trim();
+    const held = `${(await watching).stdout.trim()}, ${(await polling).stdout.trim()}`;
+    seen = `${held} | host ${hostWatches} | other ${otherWatches}, ${otherEpoll}`;
+    const ok = /^watches 16384 ENOSPC, epoll 100000 none$/.test(held) && hostWatches === 'watches 12000 none' && otherWatches === 'watches 12000 none' && otherEpoll === 'epoll 60000 none';
+    return ok ? 'ISOLATED' : `SHARED ${seen}`;
+  });
+  t.log(seen);
+});
+
 test.serial('a sandbox holding every fd it may in flight over unix sockets leaves another sandbox its own: ISOLATED', async (t) => {
   const { pdk } = t.context;
   const a = await pdk.sandboxes.create({ cpu: 1 });

@@ -12,6 +12,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
+#include <sys/inotify.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/ptrace.h>
@@ -120,6 +122,78 @@ static int inotify(int n, int seconds) {
   return 0;
 }
 
+/* `probe watches N SECONDS`: up to N inotify watches (on 300 files, over up to 60 instances), "watches <count> <errno of the first refusal>", held. */
+static int watches(int n, int seconds) {
+  char dir[64], path[96];
+  snprintf(dir, sizeof dir, "/tmp/paddock-watches-%d", (int)getpid());
+  mkdir(dir, 0700);
+  enum { FILES = 300 };
+  for (int f = 0; f < FILES; f++) {
+    snprintf(path, sizeof path, "%s/%d", dir, f);
+    close(open(path, O_CREAT | O_WRONLY, 0600));
+  }
+  int count = 0;
+  const char *why = "none";
+  for (int i = 0; i < 60 && count < n && strcmp(why, "none") == 0; i++) {
+    int in = inotify_init1(0);
+    if (in < 0) {
+      why = strerrorname_np(errno);
+      break;
+    }
+    for (int f = 0; f < FILES && count < n; f++) {
+      snprintf(path, sizeof path, "%s/%d", dir, f);
+      if (inotify_add_watch(in, path, IN_MODIFY) < 0) {
+        why = strerrorname_np(errno);
+        break;
+      }
+      count++;
+    }
+  }
+  printf("watches %d %s\n", count, why);
+  fflush(stdout);
+  sleep(seconds);
+  for (int f = 0; f < FILES; f++) {
+    snprintf(path, sizeof path, "%s/%d", dir, f);
+    unlink(path);
+  }
+  rmdir(dir);
+  return 0;
+}
+
+/* `probe epoll N SECONDS`: up to N epoll watches (each of 500 epoll instances watching up to 500 pipe ends), held. */
+static int epolls(int n, int seconds) {
+  enum { FDS = 500 };
+  int fds[FDS];
+  int nfds = 0;
+  for (; nfds + 1 < FDS; nfds += 2) {
+    int p[2];
+    if (pipe(p) < 0) break;
+    fds[nfds] = p[0];
+    fds[nfds + 1] = p[1];
+  }
+  int count = 0;
+  const char *why = "none";
+  while (count < n && strcmp(why, "none") == 0) {
+    int ep = epoll_create1(0);
+    if (ep < 0) {
+      why = strerrorname_np(errno);
+      break;
+    }
+    for (int i = 0; i < nfds && count < n; i++) {
+      struct epoll_event ev = {.events = EPOLLIN};
+      if (epoll_ctl(ep, EPOLL_CTL_ADD, fds[i], &ev) < 0) {
+        why = strerrorname_np(errno);
+        break;
+      }
+      count++;
+    }
+  }
+  printf("epoll %d %s\n", count, why);
+  fflush(stdout);
+  sleep(seconds);
+  return 0;
+}
+
 /* `probe pipes N SECONDS`: up to N pipes of 1 MiB each (F_SETPIPE_SZ), "pipes <count> <errno of the first refusal>", held SECONDS. */
 static int pipes(int n, int seconds) {
   int i = 0;
@@ -223,6 +297,8 @@ static int mqueues(int bytes, int seconds) {
 int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "sockets") == 0) return sockets();
   if (argc > 3 && strcmp(argv[1], "sigqueue") == 0) return queue_signals(atoi(argv[2]), atoi(argv[3]));
+  if (argc > 3 && strcmp(argv[1], "watches") == 0) return watches(atoi(argv[2]), atoi(argv[3]));
+  if (argc > 3 && strcmp(argv[1], "epoll") == 0) return epolls(atoi(argv[2]), atoi(argv[3]));
   if (argc > 3 && strcmp(argv[1], "scmfds") == 0) return scm_fds(atoi(argv[2]), atoi(argv[3]));
   if (argc > 3 && strcmp(argv[1], "mqueue") == 0) return mqueues(atoi(argv[2]), atoi(argv[3]));
   if (argc > 3 && strcmp(argv[1], "pipes") == 0) return pipes(atoi(argv[2]), atoi(argv[3]));
