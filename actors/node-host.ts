@@ -115,6 +115,8 @@ interface HeldSnapshot {
 const MiB = 1024 * 1024;
 /** How long a migration waits for placement to make the sandbox's copy elsewhere. */
 const MIGRATE_CREATE_MS = 120_000;
+/** How long a migration waits for a sandbox's calls under way to end before it gives up on moving it. */
+const MIGRATE_QUIESCE_MS = 60_000;
 /** What a VM's saved state may hold beyond its RAM (device state, video memory). */
 const SNAPSHOT_OVERHEAD_MIB = 32;
 /** The fields of a spec that a snapshot fixes: the machine its state loads into. */
@@ -328,7 +330,14 @@ export class NodeHost {
     const asleep = h.info.state === 'paused' || h.info.state === 'hibernated' ? h.info.state : undefined;
     if (asleep) await h.lifecycle({ type: asleep === 'paused' ? 'RESUME' : 'RESTORE' });
     if (h.info.state !== 'running') throw new ProtocolError('INVALID_STATE', `sandbox ${h.id} is ${h.info.state}`);
-    const snap = await this.takeSnapshot(h, false);
+    await h.quiesce(MIGRATE_QUIESCE_MS);
+    let snap: HeldSnapshot;
+    try {
+      snap = await this.takeSnapshot(h, false);
+    } catch (err) {
+      h.moving = false;
+      throw err;
+    }
     const { fromSnapshot: _, node: __, ...rest } = h.spec;
     const leftSec = Math.max(1, Math.ceil((h.info.expiresAt - this.clock.now()) / 1000));
     const spec: SandboxSpec = { ...rest, fromSnapshot: snap.info.id, ttlSec: Math.min(rest.ttlSec, leftSec) };
@@ -340,6 +349,7 @@ export class NodeHost {
       made = r.result.sandbox;
     } catch (err) {
       await this.dropSnapshot(snap).catch(() => {});
+      h.moving = false;
       if (asleep) await h.lifecycle({ type: asleep === 'paused' ? 'PAUSE' : 'HIBERNATE' }).catch(() => {});
       throw err;
     }

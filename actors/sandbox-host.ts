@@ -153,6 +153,12 @@ export class SandboxHost {
   }
 
   info: SandboxInfo;
+  /**
+   * Set while a drain moves it to another node (node-host migrate): calls other than `info` are
+   * refused, UNAVAILABLE with reason `moving` (the SDK waits and asks again, then finds it moved),
+   * so nothing it does after its files are copied is lost with it.
+   */
+  moving = false;
   private readonly actor: Actor<typeof sandboxMachine>;
   private sub?: Subscription;
   private logger?: Logger;
@@ -324,6 +330,22 @@ export class SandboxHost {
   }
 
   /** Exec and file calls mark the sandbox busy, so the idle timer cannot fire under them. */
+  /**
+   * Refuses new calls (`moving`) and waits up to `ms` for those under way to end: what they
+   * change must be in the copy. BUSY, and calls taken again, when they do not end in time.
+   */
+  async quiesce(ms: number): Promise<void> {
+    this.moving = true;
+    const end = Date.now() + ms;
+    while (this.actor.getSnapshot().context.inflight > 0) {
+      if (Date.now() > end) {
+        this.moving = false;
+        throw new ProtocolError('BUSY', `sandbox ${this.id} still has calls under way after ${ms} ms`);
+      }
+      await new Promise((r) => setTimeout(r, 50));
+    }
+  }
+
   private async active<T>(fn: () => Promise<T>): Promise<T> {
     this.actor.send({ type: 'ACTIVITY_START' });
     try {
@@ -449,6 +471,7 @@ export class SandboxHost {
     trace.getActiveSpan()?.setAttribute(Attr.backend, this.spec.backend);
     const verb = parseSandboxSubject(req.subject)?.verb ?? '';
     if (!isSandboxVerb(verb)) throw new ProtocolError('UNKNOWN_VERB', `unknown sandbox verb '${verb}'`);
+    if (this.moving && verb !== 'info') throw new ProtocolError('UNAVAILABLE', `sandbox ${this.id} is moving to another node; ask again in a moment`, { detail: { reason: 'moving' } });
     const row = SandboxVerbTable[verb];
     if (row.wakes && isAsleep(this.state)) await this.awake(verb);
     if (!allows(this.state, verb)) {

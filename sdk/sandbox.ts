@@ -100,6 +100,9 @@ const LOST_AFTER_MS = 2000;
 const DEFAULT_EXEC_TIMEOUT_MS = Limits.exec.timeoutMs.default;
 /** Moves a call follows (a sandbox drained off one node after another) before it gives up. */
 const MAX_MOVES = 4;
+/** How long a call waits out a sandbox being moved (it answers UNAVAILABLE, reason `moving`), asking again this often. */
+const MOVING_WAIT_MS = 120_000;
+const MOVING_POLL_MS = 200;
 const utf8 = new TextDecoder();
 
 /** @internal the wire body of an exec (the command log digests the same fields). */
@@ -181,11 +184,20 @@ export class Sandbox {
    * the sandbox it goes on as, and this handle becomes that one (its `id` changes).
    */
   async call<T>(verb: SandboxVerb, body: unknown, opts: CallOptions = {}): Promise<T> {
-    for (let hop = 0; ; hop++) {
+    const movingUntil = Date.now() + MOVING_WAIT_MS;
+    for (let hop = 0; ; ) {
       try {
         return await this.callHere<T>(verb, body, opts);
       } catch (e) {
-        if (hop < MAX_MOVES && e instanceof NotFoundError && (await this.follow())) continue;
+        if (hop < MAX_MOVES && e instanceof NotFoundError && (await this.follow())) {
+          hop++;
+          continue;
+        }
+        // Being moved: it refused the call without doing anything; it will soon say where it went.
+        if (e instanceof UnavailableError && e.detail?.reason === 'moving' && Date.now() < movingUntil && !opts.signal?.aborted) {
+          await new Promise((r) => setTimeout(r, MOVING_POLL_MS));
+          continue;
+        }
         throw e;
       }
     }

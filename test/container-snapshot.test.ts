@@ -153,7 +153,19 @@ test.serial('drain --migrate moves migratable sandboxes, files and all, to the o
   await sleeper.pause();
   const [moverId, sleeperId] = ids as [string, string];
 
+  // Calls go on during the move: each either lands before the copy (and is in it) or waits and
+  // lands on the copy. None is lost with the old sandbox.
+  let appended = 0;
+  let moving = true;
+  const writer = (async () => {
+    while (moving) if ((await mover.exec(['sh', '-c', 'echo x >> /work/log'])).exitCode === 0) appended++;
+  })();
+  await new Promise((res) => setTimeout(res, 300));
   const r = await pdk.nodes.drain(n1.id, { migrate: true });
+  moving = false;
+  await writer;
+  t.true(appended > 0);
+  t.is((await mover.exec(['sh', '-c', 'wc -l < /work/log'])).stdout.trim(), String(appended), 'every append that answered is in the copy');
   t.is(r.state, 'draining');
   t.deepEqual(r.notMigrated, {});
   t.deepEqual(Object.keys(r.migrated ?? {}).sort(), [moverId, sleeperId].sort());
