@@ -28,8 +28,10 @@ command -v rclone >/dev/null 2>&1 || need+=(rclone)
 command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
 command -v perl >/dev/null 2>&1 || need+=(perl-base)
 command -v git >/dev/null 2>&1 || need+=(git)
-# Hardened sandboxes: idmapped layer mounts (runtime/container/idmap.py), the per-node lxcfs that
-# shows each sandbox its own memory and CPUs, and nft for per-sandbox egress policies.
+# Hardened sandboxes: flock for the host's blocks of per-sandbox id ranges (runtime/container/ids.ts),
+# the per-node lxcfs that shows each sandbox its own memory and CPUs, and nft for per-sandbox egress
+# policies.
+command -v flock >/dev/null 2>&1 || need+=(util-linux)
 command -v python3 >/dev/null 2>&1 || need+=(python3)
 # The Python client's tests run Debian's own python3 (a pyenv shim on PATH may be another one).
 [ -x /usr/bin/python3 ] || need+=(python3)
