@@ -20,7 +20,6 @@ import {
   type CreateReply,
   check,
   type DrainReply,
-  type ErrorCode,
   decode,
   diskMiBOf,
   encode,
@@ -32,6 +31,7 @@ import {
   newSandboxId,
   newSnapshotId,
   ProtocolError,
+  type Reply,
   type Resources,
   type SandboxInfo,
   type SandboxSpec,
@@ -117,6 +117,11 @@ const MiB = 1024 * 1024;
 const MIGRATE_CREATE_MS = 120_000;
 /** How long a migration waits for a sandbox's calls under way to end before it gives up on moving it. */
 const MIGRATE_QUIESCE_MS = 60_000;
+/** How a sleeping sandbox is woken for its move, and put back to sleep, here and on its new node. */
+const SLEEPS = {
+  paused: { wake: 'RESUME', sleep: 'PAUSE', verb: 'pause' },
+  hibernated: { wake: 'RESTORE', sleep: 'HIBERNATE', verb: 'hibernate' },
+} as const;
 /** What a VM's saved state may hold beyond its RAM (device state, video memory). */
 const SNAPSHOT_OVERHEAD_MIB = 32;
 /** The fields of a spec that a snapshot fixes: the machine its state loads into. */
@@ -327,8 +332,8 @@ export class NodeHost {
   }
 
   private async migrate(h: SandboxHost): Promise<string> {
-    const asleep = h.info.state === 'paused' || h.info.state === 'hibernated' ? h.info.state : undefined;
-    if (asleep) await h.lifecycle({ type: asleep === 'paused' ? 'RESUME' : 'RESTORE' });
+    const asleep = h.info.state === 'paused' || h.info.state === 'hibernated' ? SLEEPS[h.info.state] : undefined;
+    if (asleep) await h.lifecycle({ type: asleep.wake });
     if (h.info.state !== 'running') throw new ProtocolError('INVALID_STATE', `sandbox ${h.id} is ${h.info.state}`);
     await h.quiesce(MIGRATE_QUIESCE_MS);
     let snap: HeldSnapshot;
@@ -344,20 +349,20 @@ export class NodeHost {
     let made: SandboxInfo;
     try {
       const m = await this.deps.nc.request(subjects.placeCreate, encode({ spec, timeoutMs: MIGRATE_CREATE_MS }), { timeout: MIGRATE_CREATE_MS + 5_000 });
-      const r = decode(m.data) as { ok: true; result: CreateReply } | { ok: false; error: { code: string; message: string } };
-      if (!r.ok) throw new ProtocolError(r.error.code as ErrorCode, `no other node took it: ${r.error.message}`);
+      const r = decode(m.data) as Reply<CreateReply>;
+      if (!r.ok) throw new ProtocolError(r.error.code, `no other node took it: ${r.error.message}`);
       made = r.result.sandbox;
     } catch (err) {
       await this.dropSnapshot(snap).catch(() => {});
       h.moving = false;
-      if (asleep) await h.lifecycle({ type: asleep === 'paused' ? 'PAUSE' : 'HIBERNATE' }).catch(() => {});
+      if (asleep) await h.lifecycle({ type: asleep.sleep }).catch(() => {});
       throw err;
     }
     // As after a fork, the copy has what it needs; a record left here would outlive this node (a
     // bridge machine is given back once drained) with no one to delete it.
     await this.dropSnapshot(snap).catch((err: unknown) => this.log.warn({ err, snapshot: snap.info.id }, 'removing a migration snapshot failed'));
     if (asleep) {
-      await this.deps.nc.request(subjects.sandbox(made.id, asleep === 'paused' ? 'pause' : 'hibernate'), encode({}), { timeout: 60_000 }).catch((err: unknown) => this.log.warn({ err, sandbox: made.id }, `the moved sandbox could not be put back to sleep`));
+      await this.deps.nc.request(subjects.sandbox(made.id, asleep.verb), encode({}), { timeout: 60_000 }).catch((err: unknown) => this.log.warn({ err, sandbox: made.id }, `the moved sandbox could not be put back to sleep`));
     }
     h.info.movedTo = made.id;
     await h.kill('migrated');

@@ -5,10 +5,30 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { nodeRunPath } from '../helpers/cluster.ts';
-import { advTest, only, probeBinary, sustained, underAttack } from './harness.ts';
+import type { ExecutionContext } from 'ava';
+import type { CreateSpec, Sandbox } from '../../sdk/index.ts';
+import { type AdvContext, advTest, only, probeBinary, sustained, underAttack } from './harness.ts';
 
 const test = advTest();
 const run = promisify(execFile);
+
+/**
+ * Sandboxes of `specs`, each with the probe at /usr/local/bin/probe, and the probe on the host
+ * too (`host`), to hold a kernel counter from one and try it from the others; all gone after.
+ */
+async function probing<const S extends readonly CreateSpec[]>(t: ExecutionContext<AdvContext>, specs: S): Promise<{ sbs: { [K in keyof S]: Sandbox }; host: string }> {
+  const sbs: Sandbox[] = [];
+  t.teardown(async () => {
+    for (const sb of sbs) await sb.kill();
+  });
+  for (const spec of specs) sbs.push(await t.context.pdk.sandboxes.create(spec));
+  const probe = await probeBinary();
+  for (const sb of sbs) await sb.files.write('/usr/local/bin/probe', probe, { mode: 0o755 });
+  const host = join(tmpdir(), `paddock-probe-host-${process.pid}`);
+  await writeFile(host, probe, { mode: 0o755 });
+  t.teardown(() => rm(host, { force: true }));
+  return { sbs: sbs as unknown as { [K in keyof S]: Sandbox }, host };
+}
 
 test.serial('mount, unshare, ptrace, module load, bpf, keyrings, raw sockets and the SWAPEXT ioctl are all refused', async (t) => {
   const sb = await t.context.pdk.sandboxes.create({ cpu: 1 });
@@ -197,18 +217,7 @@ test.serial('a sandbox whose init dies ends failed with reason crashed, at once:
 });
 
 test.serial('a sandbox holding every inotify instance it may leaves host root and another sandbox theirs: ISOLATED', async (t) => {
-  const { pdk } = t.context;
-  const a = await pdk.sandboxes.create({ cpu: 1 });
-  const b = await pdk.sandboxes.create({ cpu: 1 });
-  t.teardown(async () => {
-    await a.kill();
-    await b.kill();
-  });
-  const probe = await probeBinary();
-  for (const sb of [a, b]) await sb.files.write('/usr/local/bin/probe', probe, { mode: 0o755 });
-  const host = join(tmpdir(), `paddock-probe-host-${process.pid}`);
-  await writeFile(host, probe, { mode: 0o755 });
-  t.teardown(() => rm(host, { force: true }));
+  const { sbs: [a, b], host } = await probing(t, [{ cpu: 1 }, { cpu: 1 }]);
   let seen = '';
   await underAttack(t, 'inotify instances held by one sandbox', 'ISOLATED', async () => {
     const holding = a.exec(['/usr/local/bin/probe', 'inotify', '100000', '4'], { timeoutMs: 30_000 });
@@ -226,15 +235,7 @@ test.serial('a sandbox holding every inotify instance it may leaves host root an
 });
 
 test.serial("a sandbox holding 1 MiB pipes leaves another sandbox its pipes (no F_SETPIPE_SZ EPERM): ISOLATED", async (t) => {
-  const { pdk } = t.context;
-  const a = await pdk.sandboxes.create({ cpu: 1, memoryMiB: 512 });
-  const b = await pdk.sandboxes.create({ cpu: 1 });
-  t.teardown(async () => {
-    await a.kill();
-    await b.kill();
-  });
-  const probe = await probeBinary();
-  for (const sb of [a, b]) await sb.files.write('/usr/local/bin/probe', probe, { mode: 0o755 });
+  const { sbs: [a, b] } = await probing(t, [{ cpu: 1, memoryMiB: 512 }, { cpu: 1 }]);
   let seen = '';
   await underAttack(t, 'pipe buffers held by one sandbox', 'ISOLATED', async () => {
     // 400 pipes of 1 MiB: 100,000 pages promised, past the host's per-user soft limit of 16,384.
@@ -267,18 +268,7 @@ test.serial('root in each sandbox is a host user of its own: two sandboxes map t
 });
 
 test.serial('a sandbox holding inotify and epoll watches leaves host root and another sandbox theirs, under host limits it alone could nearly exhaust: ISOLATED', async (t) => {
-  const { pdk } = t.context;
-  const a = await pdk.sandboxes.create({ cpu: 1 });
-  const b = await pdk.sandboxes.create({ cpu: 1 });
-  t.teardown(async () => {
-    await a.kill();
-    await b.kill();
-  });
-  const probe = await probeBinary();
-  for (const sb of [a, b]) await sb.files.write('/usr/local/bin/probe', probe, { mode: 0o755 });
-  const host = join(tmpdir(), `paddock-probe-host-${process.pid}`);
-  await writeFile(host, probe, { mode: 0o755 });
-  t.teardown(() => rm(host, { force: true }));
+  const { sbs: [a, b], host } = await probing(t, [{ cpu: 1 }, { cpu: 1 }]);
   // Host-wide per-user limits low enough that one sandbox's share, charged to the same user as
   // another's (or to root), would leave that one too little: 24,000 inotify watches and 120,000
   // epoll watches, for the few seconds of the case (the node reads neither at run time).
@@ -308,15 +298,7 @@ test.serial('a sandbox holding inotify and epoll watches leaves host root and an
 });
 
 test.serial('a sandbox holding every fd it may in flight over unix sockets leaves another sandbox its own: ISOLATED', async (t) => {
-  const { pdk } = t.context;
-  const a = await pdk.sandboxes.create({ cpu: 1 });
-  const b = await pdk.sandboxes.create({ cpu: 1 });
-  t.teardown(async () => {
-    await a.kill();
-    await b.kill();
-  });
-  const probe = await probeBinary();
-  for (const sb of [a, b]) await sb.files.write('/usr/local/bin/probe', probe, { mode: 0o755 });
+  const { sbs: [a, b] } = await probing(t, [{ cpu: 1 }, { cpu: 1 }]);
   let seen = '';
   await underAttack(t, 'SCM_RIGHTS fds in flight held by one sandbox', 'ISOLATED', async () => {
     // The kernel counts them per host user, against the sender's RLIMIT_NOFILE (1,024 in a sandbox).
@@ -331,18 +313,7 @@ test.serial('a sandbox holding every fd it may in flight over unix sockets leave
 });
 
 test.serial('a sandbox holding every message-queue byte it may leaves host root and another sandbox theirs: ISOLATED', async (t) => {
-  const { pdk } = t.context;
-  const a = await pdk.sandboxes.create({ cpu: 1 });
-  const b = await pdk.sandboxes.create({ cpu: 1 });
-  t.teardown(async () => {
-    await a.kill();
-    await b.kill();
-  });
-  const probe = await probeBinary();
-  for (const sb of [a, b]) await sb.files.write('/usr/local/bin/probe', probe, { mode: 0o755 });
-  const host = join(tmpdir(), `paddock-probe-host-${process.pid}`);
-  await writeFile(host, probe, { mode: 0o755 });
-  t.teardown(() => rm(host, { force: true }));
+  const { sbs: [a, b], host } = await probing(t, [{ cpu: 1 }, { cpu: 1 }]);
   let seen = '';
   await underAttack(t, 'message-queue bytes held by one sandbox', 'ISOLATED', async () => {
     const holding = a.exec(['/usr/local/bin/probe', 'mqueue', '10000000', '4'], { timeoutMs: 30_000 });
@@ -359,13 +330,7 @@ test.serial('a sandbox holding every message-queue byte it may leaves host root 
 });
 
 test.serial('a sandbox queueing every RT signal it may leaves host root its own: ISOLATED', async (t) => {
-  const sb = await t.context.pdk.sandboxes.create({ cpu: 1 });
-  t.teardown(() => sb.kill());
-  const probe = await probeBinary();
-  await sb.files.write('/usr/local/bin/probe', probe, { mode: 0o755 });
-  const host = join(tmpdir(), `paddock-probe-host-${process.pid}`);
-  await writeFile(host, probe, { mode: 0o755 });
-  t.teardown(() => rm(host, { force: true }));
+  const { sbs: [sb], host } = await probing(t, [{ cpu: 1 }]);
   let seen = '';
   await underAttack(t, 'RT signals queued by one sandbox', 'ISOLATED', async () => {
     const holding = sb.exec(['/usr/local/bin/probe', 'sigqueue', '1000000', '4'], { timeoutMs: 30_000 });
