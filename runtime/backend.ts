@@ -88,6 +88,32 @@ export interface HibernateOutcome {
  */
 export const EXEC_KILLED = 'killed';
 
+/** A sandbox's counters of its limits biting (the kernel's: pids.events `max`, the memory cgroup's `oom_kill`). */
+export interface LimitCounters {
+  pidsMax: number;
+  oomKills: number;
+}
+
+/**
+ * The verdict of an exec from its outcome and the sandbox's limit counters before and after it.
+ * Precedence when several apply: MEMORY_LIMIT, PIDS_LIMIT, DISK_LIMIT (they say why), then TIMEOUT
+ * and OUTPUT_LIMIT (what Paddock did about it).
+ */
+export function verdictOf(o: Pick<ExecOutcome, 'exitCode' | 'timedOut' | 'truncated' | 'noSpace'>, before: LimitCounters, after: LimitCounters, full: boolean, stopped?: AbortSignal): ExecVerdict {
+  // A killed sandbox's exec sees its teardown: the writable layer unmounted under it reads as full,
+  // its cgroup as gone. The kill is why it ended.
+  if (stopped?.aborted && stopped.reason === EXEC_KILLED) return 'KILLED';
+  if (after.oomKills > before.oomKills) return 'MEMORY_LIMIT';
+  if (after.pidsMax > before.pidsMax) return 'PIDS_LIMIT';
+  // A full layer matters only to a command that failed: a later `ls` on a full disk is OK. A
+  // fallocate past the layer's size is refused without filling it: only its ENOSPC tells.
+  if ((full || o.noSpace) && o.exitCode !== 0) return 'DISK_LIMIT';
+  if (o.timedOut) return 'TIMEOUT';
+  if (o.truncated) return 'OUTPUT_LIMIT';
+  if (stopped?.aborted) return stopped.reason === EXEC_KILLED ? 'KILLED' : 'CANCELLED';
+  return 'OK';
+}
+
 export interface Backend {
   readonly kind: BackendKind;
   /**

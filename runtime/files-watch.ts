@@ -24,8 +24,7 @@
  */
 
 import { isUtf8 } from 'node:buffer';
-import { type FSWatcher, watch } from 'node:fs';
-import { readFileSync } from 'node:fs';
+import { type FSWatcher, readFileSync, watch } from 'node:fs';
 import { type FileHandle, lstat, readdir } from 'node:fs/promises';
 import { type FileChange, ProtocolError } from '../protocol/index.ts';
 

@@ -1,4 +1,4 @@
-/** Host id ranges per sandbox (runtime/container/ids.ts): real flock(1) locks in a directory of the test's own. */
+/** Host id ranges per sandbox (runtime/ids.ts): real flock(1) locks in a directory of the test's own. */
 import { execFile, spawn } from 'node:child_process';
 import { mkdtempSync } from 'node:fs';
 import { rm } from 'node:fs/promises';
@@ -10,8 +10,7 @@ import test from 'ava';
 const dir = mkdtempSync(join(tmpdir(), 'paddock-ids-'));
 process.env.PADDOCK_ID_LOCK_DIR = dir;
 process.env.PADDOCK_ID_BLOCK = '4';
-const { IdRanges } = await import('../runtime/container/ids.ts');
-const { SANDBOX_IDS } = await import('../runtime/container/oci.ts');
+const { IdRanges, SANDBOX_IDS } = await import('../runtime/ids.ts');
 const run = promisify(execFile);
 test.after.always(() => rm(dir, { recursive: true, force: true }));
 
@@ -57,7 +56,7 @@ test.serial('two nodes get disjoint ranges from blocks of their own; a range is 
 });
 
 test.serial("a node killed with SIGKILL leaves no claim behind: its block is free at once", async (t) => {
-  const child = spawn(process.execPath, ['--import', 'tsx', '-e', "const { IdRanges } = await import('./runtime/container/ids.ts'); const r = new IdRanges(); await r.take(); console.log(r.heldBlocks[0]); setInterval(() => {}, 1000);"], {
+  const child = spawn(process.execPath, ['--import', 'tsx', '-e', "const { IdRanges } = await import('./runtime/ids.ts'); const r = new IdRanges(); await r.take(); console.log(r.heldBlocks[0]); setInterval(() => {}, 1000);"], {
     env: { ...process.env },
     stdio: ['ignore', 'pipe', 'inherit'],
   });

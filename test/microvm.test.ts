@@ -3,18 +3,19 @@
  * absent) started as copy-on-write clones of a booted template. Skipped, saying why, where QEMU or
  * the guest kernel is not installed (ops/setup.sh installs both).
  */
-import { execFileSync } from 'node:child_process';
-import { existsSync, readdirSync } from 'node:fs';
+import { execFileSync, spawnSync } from 'node:child_process';
+import { existsSync, readdirSync, readFileSync, statSync } from 'node:fs';
 import { mkdtemp, readdir, rm } from 'node:fs/promises';
 import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
 import anyTest, { type TestFn } from 'ava';
 import { validateSpec } from '../protocol/index.ts';
 import type { LayerManager } from '../runtime/images/layers.ts';
 import { hexOf, ImageStore, type LayerRef } from '../runtime/images/store.ts';
 import { AgentChannel, T } from '../runtime/microvm/channel.ts';
 import { MicrovmBackend } from '../runtime/microvm/index.ts';
+import { VMM_OVERHEAD_MIB } from '../runtime/microvm/jail.ts';
 import type { Sandbox, SnapshotInfo } from '../sdk/index.ts';
 import { type ClusterContext, restartNode, SHARED_IMAGES, startTestCluster, stopTestCluster } from './helpers/cluster.ts';
 
@@ -96,6 +97,78 @@ test('a timeout ends the exec with a verdict and kills its process tree; destroy
   const n = qemuPids(t.context.home).length;
   t.is((await sb.kill()).state, 'stopped');
   t.is(qemuPids(t.context.home).length, n - 1);
+});
+
+test('verdicts as on a container: a memory hog is MEMORY_LIMIT, a fork bomb PIDS_LIMIT and ended at once; the sandbox serves on', async (t) => {
+  const sb = await t.context.pdk.sandboxes.create({ backend: 'microvm', memoryMiB: 256, pidsLimit: 64 });
+  t.teardown(() => sb.kill().catch(() => {}));
+  // A line that never ends, held whole: it grows until the guest's OOM killer ends it.
+  const hog = await sb.exec(['tail', '/dev/zero']);
+  t.is(hog.verdict, 'MEMORY_LIMIT', hog.stderr);
+  t.not(hog.exitCode, 0);
+  // Background sleeps past the sandbox's 64 processes: its exec ends when the limit bites, long before its timeout.
+  const bomb = await sb.exec(['sh', '-c', 'i=0; while [ $i -lt 200 ]; do sleep 300 & i=$((i+1)); done; wait'], { timeoutMs: 120_000 });
+  t.is(bomb.verdict, 'PIDS_LIMIT', bomb.stderr);
+  t.false(bomb.timedOut);
+  const ok = await sb.exec(['sh', '-c', 'echo fine; pgrep sleep | wc -l']);
+  t.is(ok.verdict, 'OK');
+  t.is(ok.stdout, 'fine\n0\n', "the bomb's processes went with it");
+});
+
+/** A QEMU process of this test's: its uid, directory (from its -pidfile) and cgroup (v1 memory or v2 unified path). */
+function vmm(pid: number): { pid: number; uid: number; dir: string; cgroup: string } {
+  const status = readFileSync(`/proc/${pid}/status`, 'utf8');
+  const uid = Number(/^Uid:\s+(\d+)/m.exec(status)?.[1]);
+  const args = readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0');
+  const dir = dirname(args[args.indexOf('-pidfile') + 1] ?? '');
+  const lines = readFileSync(`/proc/${pid}/cgroup`, 'utf8').split('\n');
+  const cgroup = (lines.find((l) => /^\d+:[^:]*\bmemory\b[^:]*:/.test(l)) ?? lines.find((l) => l.startsWith('0::')) ?? '').split(':')[2] ?? '';
+  return { pid, uid, dir, cgroup };
+}
+
+function cgroupFile(cgroup: string, controller: string, v1: string, v2: string): string {
+  return existsSync('/sys/fs/cgroup/cgroup.controllers') ? join('/sys/fs/cgroup', cgroup, v2) : join('/sys/fs/cgroup', controller, cgroup, v1);
+}
+
+test('each VMM is a host user of its own with no capability, in a cgroup bounding its CPU, memory and pids; kill removes both', async (t) => {
+  const { pdk, home } = t.context;
+  const a = await pdk.sandboxes.create({ backend: 'microvm', memoryMiB: 256, cpu: 0.5 });
+  t.teardown(() => a.kill().catch(() => {}));
+  const b = await pdk.sandboxes.create({ backend: 'microvm', memoryMiB: 256 });
+  t.teardown(() => b.kill().catch(() => {}));
+  // The spares waiting for the next create are VMMs too, held to the same. One may be starting:
+  // QEMU drops to its user once it has opened its files, before it answers QMP.
+  let all = qemuPids(home).map(vmm);
+  for (let i = 0; i < 100 && all.some((v) => v.uid === 0); i++) {
+    await new Promise((r) => setTimeout(r, 100));
+    all = qemuPids(home).map(vmm);
+  }
+  t.true(all.length >= 2);
+  for (const v of all) {
+    t.true(v.uid >= 1_000_000_000, `QEMU ${v.pid} runs as uid ${v.uid}`);
+    t.regex(readFileSync(`/proc/${v.pid}/status`, 'utf8'), /^CapEff:\s+0+$/m);
+    t.regex(readFileSync(`/proc/${v.pid}/status`, 'utf8'), /^NoNewPrivs:\s+1$/m);
+    t.regex(v.cgroup, /^\/paddock-vmm\/.+\/microvm\/[0-9a-f]+$/);
+    t.is(readFileSync(cgroupFile(v.cgroup, 'memory', 'memory.limit_in_bytes', 'memory.max'), 'utf8').trim(), String((256 + VMM_OVERHEAD_MIB) * 1024 * 1024));
+    t.is(readFileSync(cgroupFile(v.cgroup, 'pids', 'pids.max', 'pids.max'), 'utf8').trim(), '512');
+    t.is(statSync(v.dir).uid, v.uid, 'its directory is its own');
+  }
+  t.is(new Set(all.map((v) => v.uid)).size, all.length, 'no two VMMs share a user');
+  // The sandbox asked for half a CPU: all of its QEMU's threads together get half a period.
+  const quota = (v: { cgroup: string }) => readFileSync(cgroupFile(v.cgroup, 'cpu', 'cpu.cfs_quota_us', 'cpu.max'), 'utf8').trim().split(' ')[0];
+  const half = all.filter((v) => quota(v) === '50000');
+  t.is(half.length, 1, 'one VMM runs at half a CPU: the sandbox that asked for it');
+  const other = all.find((v) => v !== half[0]) as (typeof all)[number];
+  // One VMM's user cannot read what another's holds.
+  const peek = spawnSync('setpriv', ['--reuid', String(half[0]?.uid), '--regid', String(half[0]?.uid), '--clear-groups', 'cat', join(other.dir, 'console.log')], { encoding: 'utf8' });
+  t.not(peek.status, 0);
+  t.regex(peek.stderr, /Permission denied/);
+  t.is((await a.exec(['true'])).exitCode, 0, 'and the guest runs under its bounds');
+
+  const gone = half[0] as (typeof all)[number];
+  await a.kill();
+  t.false(existsSync(cgroupFile(gone.cgroup, 'memory', '', '')), 'its cgroup went with it');
+  t.is(spawnSync('pgrep', ['-u', String(gone.uid)]).status, 1, 'nothing runs as its user');
 });
 
 /**

@@ -1,11 +1,10 @@
 /** Host-facing pure logic: cgroup layout detection and the OCI config. */
 import test from 'ava';
 import { validateSpec } from '../protocol/index.ts';
-import { EXEC_KILLED } from '../runtime/backend.ts';
+import { EXEC_KILLED, verdictOf } from '../runtime/backend.ts';
 import { detectCgroups } from '../runtime/cgroups.ts';
 import { loadConfig } from '../runtime/config.ts';
 import { cfsBandwidth, MASKED_PATHS, ociConfig } from '../runtime/container/oci.ts';
-import { verdictOf } from '../runtime/container/verdict.ts';
 
 const line = (id: number, target: string, fstype: string) => `${id} 1 0:${id} / ${target} rw,nosuid - ${fstype} ${fstype} rw`;
 

@@ -18,15 +18,16 @@
 import { spawn } from 'node:child_process';
 import { closeSync, constants, mkdirSync, openSync, readFileSync, writeFileSync } from 'node:fs';
 import { type FileHandle, mkdir, open, readdir, readFile, rm, rmdir, writeFile } from 'node:fs/promises';
-import { constants as osConstants } from 'node:os';
 import { Socket } from 'node:net';
+import { constants as osConstants } from 'node:os';
 import { join } from 'node:path';
 import { Duplex } from 'node:stream';
 import type { Logger } from 'pino';
 import { diskMiBOf, type NetworkPolicy, ProtocolError, type SandboxSpec, type SandboxStats } from '../../protocol/index.ts';
-import type { Backend, ExecOptions, ExecOutcome, HibernateOutcome, PortForwarding, Processes, ProcessOptions, RunningProcess, Snapshotting, SnapshotStore } from '../backend.ts';
+import type { Backend, ExecOptions, ExecOutcome, HibernateOutcome, PortForwarding, Processes, ProcessOptions, RunningProcess, SnapshotStore, Snapshotting } from '../backend.ts';
 import { type CgroupMode, cgroupDir, detectCgroups, favorDynamicCgroups, isMountPoint, v1Hierarchies } from '../cgroups.ts';
 import { RootFiles } from '../files.ts';
+import { type IdRange, IdRanges, traversable } from '../ids.ts';
 import { BUSYBOX_INIT } from '../images/busybox.ts';
 import { sysMount } from '../images/fuse.ts';
 import type { LayerManager } from '../images/layers.ts';
@@ -41,8 +42,7 @@ import { buildStaticBinary } from '../static-binary.ts';
 import { readText } from '../sync-read.ts';
 import { execInContainer, killTree, nsPid, OutputBudget, signalGroup } from './exec.ts';
 import { Hardening } from './hardening.ts';
-import { IdRanges } from './ids.ts';
-import { baseEnv, DEFAULT_CFS_PERIOD_US, type IdRange, ociConfig } from './oci.ts';
+import { baseEnv, DEFAULT_CFS_PERIOD_US, ociConfig } from './oci.ts';
 import { CgroupSleep } from './sleep.ts';
 import { buildSnapshotBlob, removeStage, snapshotImageName, stageUpper } from './snapshot.ts';
 import { judged, LimitWatch } from './verdict.ts';
@@ -187,7 +187,8 @@ export class ContainerBackend implements Backend, Snapshotting, SnapshotStore, P
       this.crun = crun;
       this.spawn = await Spawner.build(this.opts.binDir, { fd3: this.initBinary?.fd, seal: crun, onOrphanExit: (pid, code) => this.initEnded(pid, code) });
     }
-    await this.hardening.traversable(this.sandboxesDir);
+    // crun resolves the bundle's rootfs as the sandbox's root, an unprivileged uid.
+    await traversable(this.sandboxesDir);
     if (!this.hardening.lxcfs) await this.hardening.startLxcfs();
   }
 

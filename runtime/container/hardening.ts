@@ -17,14 +17,14 @@
  */
 import { spawn } from 'node:child_process';
 import { readFileSync } from 'node:fs';
-import { chmod, mkdir, readFile, rm, rmdir, stat, writeFile } from 'node:fs/promises';
+import { mkdir, readFile, rm, rmdir, writeFile } from 'node:fs/promises';
 import { cpus as hostCpus } from 'node:os';
-import { dirname, join, relative, resolve } from 'node:path';
-import { type CgroupMode, cgroupDir, mounts } from '../cgroups.ts';
+import { join, } from 'node:path';
+import { type CgroupMode, cgroupDir, } from '../cgroups.ts';
+import type { IdRange } from '../ids.ts';
 import { run } from '../proc.ts';
-import { sourceFile } from '../source.ts';
 import type { MountPlan } from '../spawner.ts';
-import { type IdRange, SHARED_COUNTER_RLIMITS } from './oci.ts';
+import { SHARED_COUNTER_RLIMITS } from './oci.ts';
 
 /** CPUs lxcfs may use, all sandboxes' /proc reads together (boundLxcfs). */
 const LXCFS_CPU = Number(process.env.PADDOCK_LXCFS_CPU) || 0.5;
@@ -43,18 +43,6 @@ export class Hardening {
     private readonly lxcfsCgroup?: { mode: CgroupMode; path: string },
   ) {
     this.pinned = new Array(Math.max(1, onlineCpus().length)).fill(0);
-  }
-
-  /**
-   * crun resolves the bundle's rootfs as the sandbox's root, an unprivileged uid: every directory
-   * above it must be searchable by others (only `x`: nothing becomes listable or readable).
-   */
-  async traversable(dir: string): Promise<void> {
-    for (let d = resolve(dir); ; d = dirname(d)) {
-      const st = await stat(d);
-      if ((st.mode & 0o001) === 0) await chmod(d, (st.mode & 0o7777) | 0o001);
-      if (d === dirname(d)) break;
-    }
   }
 
   /**

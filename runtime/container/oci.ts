@@ -5,6 +5,7 @@
 import { readFileSync } from 'node:fs';
 import type { SandboxSpec } from '../../protocol/index.ts';
 import type { CgroupMode } from '../cgroups.ts';
+import { type IdRange, SANDBOX_IDS } from '../ids.ts';
 import type { ImageManifest } from '../images/store.ts';
 import { seccompProfile } from './seccomp.ts';
 
@@ -23,18 +24,6 @@ export interface OciInput {
   /** lxcfs's mount point: its /proc files replace the host's, so meminfo shows the sandbox's limit. */
   lxcfs?: string;
 }
-
-export interface IdRange {
-  hostId: number;
-  size: number;
-}
-
-/**
- * The first range of host ids a sandbox's 0…65535 map to; each sandbox has a range of its own
- * above it (ids.ts), so root in one sandbox is a host user no other sandbox shares. Far above the
- * ranges useradd hands out in /etc/subuid.
- */
-export const SANDBOX_IDS: IdRange = { hostId: 1_000_000_000, size: 65536 };
 
 /** /proc files lxcfs virtualizes from the reader's cgroup. */
 export const LXCFS_PROC_FILES = ['cpuinfo', 'diskstats', 'loadavg', 'meminfo', 'stat', 'swaps', 'uptime'];

@@ -14,7 +14,7 @@
 import { lchown, lstat, open, readdir, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { ProtocolError } from '../../protocol/index.ts';
-import type { IdRange } from './oci.ts';
+import type { IdRange } from '../ids.ts';
 import { run } from '../proc.ts';
 
 const NULL_UUID = '00000000-0000-0000-0000-000000000000';

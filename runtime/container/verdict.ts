@@ -4,19 +4,13 @@
  * and after and compares; the writable layer is full when its tmpfs has no block left.
  *
  * The counters are the sandbox's, not the exec's: an exec running beside another one that hits a
- * limit sees it too. Precedence when several apply: MEMORY_LIMIT, PIDS_LIMIT, DISK_LIMIT (they say
- * why), then TIMEOUT and OUTPUT_LIMIT (what Paddock did about it).
+ * limit sees it too. The verdict from them is runtime/backend.ts verdictOf, the microVMs' too.
  */
 import { statfs } from 'node:fs/promises';
-import type { ExecVerdict } from '../../protocol/index.ts';
-import { EXEC_KILLED, type ExecOutcome } from '../backend.ts';
+import { type ExecOutcome, type LimitCounters, verdictOf } from '../backend.ts';
 import { type CgroupMode, cgroupDir } from '../cgroups.ts';
 import { readText } from '../sync-read.ts';
 
-export interface LimitCounters {
-  pidsMax: number;
-  oomKills: number;
-}
 
 /** `key value` lines (pids.events, memory.events, memory.oom_control) → the value of `key`. */
 export function counter(text: string, key: string): number {
@@ -46,21 +40,6 @@ export class LimitWatch {
 export async function diskFull(path: string): Promise<boolean> {
   const s = await statfs(path).catch(() => null);
   return s !== null && (s.bavail * s.bsize < 4096 || s.ffree === 0);
-}
-
-export function verdictOf(o: Pick<ExecOutcome, 'exitCode' | 'timedOut' | 'truncated' | 'noSpace'>, before: LimitCounters, after: LimitCounters, full: boolean, stopped?: AbortSignal): ExecVerdict {
-  // A killed sandbox's exec sees its teardown: the writable layer unmounted under it reads as full,
-  // its cgroup as gone. The kill is why it ended.
-  if (stopped?.aborted && stopped.reason === EXEC_KILLED) return 'KILLED';
-  if (after.oomKills > before.oomKills) return 'MEMORY_LIMIT';
-  if (after.pidsMax > before.pidsMax) return 'PIDS_LIMIT';
-  // A full layer matters only to a command that failed: a later `ls` on a full disk is OK. A
-  // fallocate past the layer's size is refused without filling it: only its ENOSPC tells.
-  if ((full || o.noSpace) && o.exitCode !== 0) return 'DISK_LIMIT';
-  if (o.timedOut) return 'TIMEOUT';
-  if (o.truncated) return 'OUTPUT_LIMIT';
-  if (stopped?.aborted) return stopped.reason === EXEC_KILLED ? 'KILLED' : 'CANCELLED';
-  return 'OK';
 }
 
 /** How often a running exec checks whether the pids limit bit. */

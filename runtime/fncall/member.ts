@@ -118,7 +118,7 @@ export class Member {
   private runner?: Runner;
   private initPid = 0;
   private readonly scratch: string;
-  /** Host ids of its root and of its programs' user: the member's own range (container/ids.ts). */
+  /** Host ids of its root and of its programs' user: the member's own range (runtime/ids.ts). */
   private hostRoot = -1;
   private hostProgram = -1;
   private readonly sleeper: CgroupSleep;

@@ -16,8 +16,8 @@ import { join } from 'node:path';
 import { type ComputerAction, Limits, ProtocolError, type SandboxSpec } from '../../protocol/index.ts';
 import type { Display } from '../backend.ts';
 import type { ImageManifest } from '../images/store.ts';
-import type { AgentChannel } from '../microvm/channel.ts';
 import { MicrovmBackend, type MicrovmBackendOptions, type ScreenSize, sockPath, withTimeout } from '../microvm/backend.ts';
+import type { AgentChannel } from '../microvm/channel.ts';
 import { moveTo, type Pointer, plan, type QmpInput } from './input.ts';
 import { ViewServer } from './view.ts';
 

@@ -7,9 +7,10 @@
  * a cluster uses. With `rclone:<remote>:<path>` it runs `rclone serve http` beside it and reads
  * layer ranges from that.
  */
+
+import { rm, writeFile } from 'node:fs/promises';
 import { type NodeLayerStats, ProtocolError, type SandboxSpec } from '../../protocol/index.ts';
 import type { NodeConfig } from '../config.ts';
-import { rm, writeFile } from 'node:fs/promises';
 import { ensureBusyboxImage } from './busybox.ts';
 import { DEFAULT_CHUNK, indexFile, sha256 } from './chunks.ts';
 import type { LayerStore } from './layer-store.ts';

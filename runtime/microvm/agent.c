@@ -13,6 +13,12 @@
  * the port's one descriptor open for its whole life: a second opener gets EBUSY, and while the
  * host side is away reads return EOF (the agent waits and reads again). Every exec runs in a cgroup
  * of its own, so that KILL ends its whole process tree (cgroup.kill), whatever it forked or setsid.
+ * Those cgroups are below one for the sandbox (SB_CG), which holds its pids limit (SYNC sets it);
+ * an exec's EXIT says whether, while it ran, the sandbox's OOM kills or pids-limit hits went up
+ * (the containers' verdicts, same before/after). Until Linux 6.10 a refused fork is counted in the
+ * pids.events of the forking task's cgroup, not of the one whose limit it hit: the exec's own
+ * cgroup is read as well. A hit of the pids limit also ends the exec at once, as on a container: a
+ * fork bomb never ends by itself.
  * Files are opened with openat2(RESOLVE_IN_ROOT) below /root: `..` and symlinks cannot leave it.
  */
 #define _GNU_SOURCE
@@ -44,6 +50,10 @@ enum {
 #define MAX_FRAME (2u << 20)
 #define MAX_EXECS 64
 #define ROOT "/root"
+#define SB_CG "/sys/fs/cgroup/sb"
+/* Bits of an EXIT's second word. */
+#define EXIT_OOM 1u
+#define EXIT_PIDS 2u
 
 struct exec {
   uint32_t id;
@@ -52,6 +62,10 @@ struct exec {
   char *pend;
   size_t pendlen, pendoff;
   int stdin_eof;
+  /* The sandbox's counters when it started (memory.events oom_kill, pids.events max). */
+  uint64_t oom0, pids0;
+  /* Its cgroup's pids.events, open to be told (POLLPRI) of a refused fork. */
+  int pev;
 };
 static struct exec execs[MAX_EXECS];
 static int port = -1;
@@ -187,6 +201,40 @@ static int open_port(void) {
   return -1;
 }
 
+/* The value of `key` in a cgroup's `key value` lines (memory.events, pids.events); 0 if unreadable. */
+static uint64_t counter(const char *file, const char *key) {
+  char buf[1024];
+  int fd = open(file, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return 0;
+  buf[n] = 0;
+  size_t kl = strlen(key);
+  for (char *l = buf; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+    if (strncmp(l, key, kl) == 0 && l[kl] == ' ') return strtoull(l + kl + 1, NULL, 10);
+  }
+  return 0;
+}
+
+static uint64_t oom_kills(void) { return counter(SB_CG "/memory.events", "oom_kill"); }
+static uint64_t pids_hits(void) { return counter(SB_CG "/pids.events", "max"); }
+
+static void cg_path(char *p, size_t n, uint32_t id, const char *file);
+
+/* Whether the exec's own cgroup saw a refused fork, or the sandbox's count went up since it started. */
+static int exec_hit_pids(const struct exec *x) {
+  char p[80];
+  cg_path(p, sizeof p, x->id, "pids.events");
+  return counter(p, "max") > 0 || pids_hits() > x->pids0;
+}
+
+static void kill_exec(const struct exec *x) {
+  char p[80];
+  cg_path(p, sizeof p, x->id, "cgroup.kill");
+  if (writefile(p, "1") != 0) kill(-x->pid, SIGKILL);
+}
+
 static void boot(void) {
   mkdir("/dev", 0755); mkdir("/proc", 0755); mkdir("/sys", 0755);
   mount("devtmpfs", "/dev", "devtmpfs", 0, NULL);
@@ -194,6 +242,8 @@ static void boot(void) {
   mount("sysfs", "/sys", "sysfs", 0, NULL);
   mount("cgroup2", "/sys/fs/cgroup", "cgroup2", 0, NULL);
   writefile("/sys/fs/cgroup/cgroup.subtree_control", "+pids +memory");
+  mkdir(SB_CG, 0755);
+  writefile(SB_CG "/cgroup.subtree_control", "+pids +memory");
   load_modules();
   long layers = cmdline_num("pdk.layers=", 1), disk = cmdline_num("pdk.disk=", 64);
   mkdir("/l", 0755);
@@ -236,7 +286,7 @@ static struct exec *find_exec(uint32_t id) {
 }
 
 static void cg_path(char *p, size_t n, uint32_t id, const char *file) {
-  snprintf(p, n, "/sys/fs/cgroup/x%u%s%s", id, file ? "/" : "", file ? file : "");
+  snprintf(p, n, SB_CG "/x%u%s%s", id, file ? "/" : "", file ? file : "");
 }
 
 static void do_exec(uint32_t id, const char *pl, uint32_t len) {
@@ -263,6 +313,7 @@ static void do_exec(uint32_t id, const char *pl, uint32_t len) {
   char cg[64];
   cg_path(cg, sizeof cg, id, NULL);
   mkdir(cg, 0755);
+  uint64_t oom0 = oom_kills(), pids0 = pids_hits();
   pid_t pid = fork();
   if (pid == 0) {
     sigset_t all;
@@ -292,7 +343,9 @@ static void do_exec(uint32_t id, const char *pl, uint32_t len) {
     uint32_t st = 126 << 8; send_frame(T_EXIT, id, &st, 4, NULL, 0);
     return;
   }
-  *x = (struct exec){ .id = id, .pid = pid, .out = o[0], .err = e[0], .in = in[1] };
+  char pe[80];
+  cg_path(pe, sizeof pe, id, "pids.events");
+  *x = (struct exec){ .id = id, .pid = pid, .out = o[0], .err = e[0], .in = in[1], .oom0 = oom0, .pids0 = pids0, .pev = open(pe, O_RDONLY | O_CLOEXEC) };
 }
 
 static void drain(struct exec *x, int which) {
@@ -329,13 +382,14 @@ static void finish(struct exec *x, int status) {
   if (x->err >= 0) close(x->err);
   if (x->in >= 0) close(x->in);
   free(x->pend);
-  uint32_t st = (uint32_t)status;
+  uint32_t st[2] = { (uint32_t)status, (oom_kills() > x->oom0 ? EXIT_OOM : 0) | (exec_hit_pids(x) ? EXIT_PIDS : 0) };
+  if (x->pev >= 0) close(x->pev);
   uint32_t id = x->id;
   char cg[64];
   cg_path(cg, sizeof cg, id, NULL);
   rmdir(cg);  // fails while background processes live on in it: they keep their cgroup
   memset(x, 0, sizeof *x);
-  send_frame(T_EXIT, id, &st, 4, NULL, 0);
+  send_frame(T_EXIT, id, st, 8, NULL, 0);
 }
 
 static void reap(void) {
@@ -526,6 +580,11 @@ static void do_sync(uint32_t id, const char *pl, uint32_t len) {
     int fd = open(ROOT "/etc/machine-id", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0444);
     if (fd >= 0) { dprintf(fd, "%.32s\n", pl + 40 + hl + 1); close(fd); }
   }
+  if (len >= 40 + hl + 1 + 32 + 4) {
+    char n[16];
+    snprintf(n, sizeof n, "%u", get32(pl + 40 + hl + 1 + 32));
+    writefile(SB_CG "/pids.max", n);
+  }
   reply(id, 0, NULL, 0);
 }
 
@@ -548,10 +607,13 @@ static void handle(uint16_t type, uint32_t id, const char *pl, uint32_t len) {
       break;
     }
     case T_KILL: {
-      char p[80];
-      cg_path(p, sizeof p, id, "cgroup.kill");
       struct exec *x = find_exec(id);
-      if (writefile(p, "1") != 0 && x) kill(-x->pid, SIGKILL);
+      if (x) kill_exec(x);
+      else {
+        char p[80];
+        cg_path(p, sizeof p, id, "cgroup.kill");
+        writefile(p, "1");
+      }
       break;
     }
     case T_FREAD: do_read(id, pl, len); break;
@@ -576,23 +638,48 @@ int main(void) {
   if (port < 0) { logf_("no virtio-serial port named paddock"); for (;;) pause(); }
   char *buf = malloc(MAX_FRAME + 13);
   size_t have = 0;
-  struct pollfd pf[2 + 3 * MAX_EXECS];
+  // The kernel marks a cgroup's events file changed (POLLPRI) when a counter in it goes up.
+  int pev = open(SB_CG "/pids.events", O_RDONLY | O_CLOEXEC);
+  uint64_t pids_seen = pids_hits();
+  struct pollfd pf[3 + 4 * MAX_EXECS];
   for (;;) {
     int n = 0;
     pf[n++] = (struct pollfd){ port, POLLIN, 0 };
     pf[n++] = (struct pollfd){ sfd, POLLIN, 0 };
+    pf[n++] = (struct pollfd){ pev, POLLPRI, 0 };
     for (int i = 0; i < MAX_EXECS; i++) {
       if (execs[i].pid == 0) continue;
       if (execs[i].out >= 0) pf[n++] = (struct pollfd){ execs[i].out, POLLIN, 0 };
       if (execs[i].err >= 0) pf[n++] = (struct pollfd){ execs[i].err, POLLIN, 0 };
       if (execs[i].in >= 0 && execs[i].pend) pf[n++] = (struct pollfd){ execs[i].in, POLLOUT, 0 };
+      if (execs[i].pev >= 0) pf[n++] = (struct pollfd){ execs[i].pev, POLLPRI, 0 };
     }
     if (poll(pf, (nfds_t)n, -1) < 0 && errno != EINTR) continue;
+    for (int k = 3; k < n; k++) {
+      if (!(pf[k].revents & (POLLPRI | POLLERR))) continue;
+      for (int i = 0; i < MAX_EXECS; i++) {
+        if (execs[i].pid == 0 || execs[i].pev != pf[k].fd) continue;
+        char tmp[256];
+        lseek(execs[i].pev, 0, SEEK_SET);
+        if (read(execs[i].pev, tmp, sizeof tmp) < 0) {}
+        if (exec_hit_pids(&execs[i])) kill_exec(&execs[i]);
+      }
+    }
     for (int i = 0; i < MAX_EXECS; i++) {
       if (execs[i].pid == 0) continue;
       drain(&execs[i], 1);
       drain(&execs[i], 2);
       if (execs[i].pend) flush_stdin(&execs[i]);
+    }
+    if (pf[2].revents & (POLLPRI | POLLERR)) {
+      char tmp[256];
+      lseek(pev, 0, SEEK_SET);
+      if (read(pev, tmp, sizeof tmp) < 0) {}
+      uint64_t now = pids_hits();
+      if (now > pids_seen) {
+        for (int i = 0; i < MAX_EXECS; i++) if (execs[i].pid != 0) kill_exec(&execs[i]);
+      }
+      pids_seen = now;
     }
     if (pf[1].revents & POLLIN) {
       struct signalfd_siginfo si;

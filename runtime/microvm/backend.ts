@@ -25,15 +25,17 @@
 import { type ChildProcess, spawn } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
 import { existsSync, mkdirSync, readFileSync } from 'node:fs';
-import { mkdir, readdir, readFile, rename, rm, stat, writeFile } from 'node:fs/promises';
+import { chmod, chown, mkdir, readdir, readFile, rename, rm, stat, writeFile } from 'node:fs/promises';
 import { constants as osConstants } from 'node:os';
-import { join } from 'node:path';
+import { basename, dirname, join } from 'node:path';
 import type { Logger } from 'pino';
 import { diskMiBOf, type FileEntry, Limits, ProtocolError, type SandboxSpec, type SandboxStats } from '../../protocol/index.ts';
-import { type Backend, EXEC_KILLED, type ExecOptions, type ExecOutcome, type HibernateOutcome, type SandboxFiles, type SnapshotStore, type Snapshotting } from '../backend.ts';
+import { type Backend, type ExecOptions, type ExecOutcome, type HibernateOutcome, type SandboxFiles, type SnapshotStore, type Snapshotting, verdictOf } from '../backend.ts';
+import { traversable } from '../ids.ts';
 import type { LayerManager } from '../images/layers.ts';
 import type { ImageManifest, LayerRef } from '../images/store.ts';
 import { AgentChannel, T } from './channel.ts';
+import { type Jailed, VmmJail } from './jail.ts';
 import { type GuestBoot, guestBoot, hostTscKhz } from './kernel.ts';
 import { Qmp } from './qmp.ts';
 
@@ -101,6 +103,9 @@ export interface Vmm {
   dir: string;
   proc: ChildProcess;
   qmp: Qmp;
+  /** Its user and cgroup (jail.ts). */
+  jail: Jailed;
+  /** QEMU has exited, and its cgroup and user are gone with it. */
   exited: Promise<void>;
   /** Its template's device state is loaded already (a spare): `cont` is all it needs. */
   loaded?: boolean;
@@ -117,9 +122,14 @@ export interface Vm {
   hibernated?: string;
   failed?: string;
   seq: number;
+  /** The CPUs its spec asks for: its VMM's CPU bandwidth (a template's VMM has whole ones). */
+  cpu: number;
+  /** Its spec's pidsLimit, held by the guest's cgroup of the sandbox (agent.c SB_CG). */
+  pids: number;
 }
 
 const BOOT_TIMEOUT_MS = 120_000;
+const NO_HITS = { oomKills: 0, pidsMax: 0 };
 /** Snapshot names are file names in the node's snapshot directory. */
 const SNAPSHOT_NAME = /^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$/;
 /** The RNG and identity a clone gets after every restore (agent.c do_sync). */
@@ -166,12 +176,14 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore {
   private tsc?: number;
   accel = 'tcg';
   onCrash?: (id: string, why: string) => void;
+  private readonly jail: VmmJail;
 
   constructor(
     protected readonly o: MicrovmBackendOptions,
     dirName = 'microvm',
   ) {
     this.root = join(o.nodeDir, dirName);
+    this.jail = new VmmJail(`${o.nodeId}/${dirName}`);
   }
 
   private get q35(): boolean {
@@ -185,6 +197,10 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore {
 
   async init(): Promise<void> {
     for (const d of ['templates', 'vms', 'snapshots']) await mkdir(join(this.root, d), { recursive: true });
+    // A VMM drops to a user of its own once started (jail.ts), and then still reads its template's
+    // device state and snapshots through `exec:cat`: they are readable, the way to them searchable.
+    await traversable(join(this.root, 'templates'));
+    await traversable(join(this.root, 'snapshots'));
     this.boot = await guestBoot(this.o.binDir, this.q35 ? 'generic' : 'cloud');
     this.tsc = await hostTscKhz();
     this.accel = this.o.accel ?? (existsSync('/dev/kvm') ? 'kvm' : 'tcg');
@@ -222,7 +238,9 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore {
       '-pidfile', join(dir, 'qemu.pid'),
       '-name', `paddock-${this.o.nodeId}`,
       // spawn stays allowed: migration to and from files goes through `exec:` (QEMU 7.2 has no `file:`).
-      '-sandbox', 'on,obsolete=deny,elevateprivileges=deny,resourcecontrol=deny',
+      // set*id too: QEMU loads this filter before `-runas` drops to the VMM's user (jail.ts), and
+      // with no capability left after the drop, and no_new_privs set by the filter, they gain nothing.
+      '-sandbox', 'on,obsolete=deny,elevateprivileges=allow,resourcecontrol=deny',
     ];
     shape.layers.forEach((l, i) => {
       a.push('-drive', `id=l${i},file=${l},format=raw,if=none,readonly=on`, '-device', `virtio-blk-${bus},drive=l${i},serial=pdk-l${i}`);
@@ -236,21 +254,28 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore {
   }
 
   private async start(dir: string, shape: Shape, mem: { path: string; share: boolean }, extra: string[]): Promise<Vmm> {
-    await mkdir(dir, { recursive: true });
+    const jail = await this.jail.enter(basename(dir), dir, { cpu: shape.cpus, memoryMiB: shape.memoryMiB });
     const { openSync, closeSync } = await import('node:fs');
-    const errFd = openSync(join(dir, 'qemu.err'), 'a');
-    const proc = spawn(this.qemu, this.args(dir, shape, mem, extra), { stdio: ['ignore', 'ignore', errFd] });
+    let errFd: number;
+    try {
+      errFd = openSync(join(dir, 'qemu.err'), 'a');
+    } catch (e) {
+      await this.jail.release(jail);
+      throw e;
+    }
+    const { cmd, args } = this.jail.command(jail, this.qemu, this.args(dir, shape, mem, extra));
+    const proc = spawn(cmd, args, { stdio: ['ignore', 'ignore', errFd] });
     closeSync(errFd);
     const exited = new Promise<void>((resolve) => {
       proc.once('exit', () => resolve());
       proc.once('error', () => resolve());
-    });
+    }).then(() => this.jail.release(jail).catch((err: unknown) => this.o.log?.warn({ err, dir }, 'microvm: a VMM cgroup outlived its QEMU')));
     const gone = exited.then(() => {
       throw new ProtocolError('BACKEND_FAILED', `microvm: QEMU exited: ${lastLines(join(dir, 'qemu.err')) || 'no message'}`);
     });
     gone.catch(() => {});
     const qmp = await Promise.race([Qmp.open(sockPath(dir, 'qmp.sock')), gone]);
-    return { dir, proc, qmp, exited };
+    return { dir, proc, qmp, jail, exited };
   }
 
   /** Arguments of a subclass's own for every VMM (a full VM's VNC socket). */
@@ -323,6 +348,7 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore {
         await vmm.qmp.cmd('quit').catch(() => {});
         await vmm.exited;
         for (const f of ['qmp.sock', 'agent.sock', 'vnc.sock', 'qemu.pid']) await rm(f.endsWith('.sock') ? sockPath(tmp, f) : join(tmp, f), { force: true });
+        await shareReadOnly(tmp);
         await rename(tmp, dir).catch(async (e: NodeJS.ErrnoException) => {
           // Made meanwhile by a node sharing the directory: use theirs.
           if (e.code !== 'ENOTEMPTY' && e.code !== 'EEXIST') throw e;
@@ -406,6 +432,7 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore {
         this.onCrash?.(vm.id, why);
       }
     };
+    await this.jail.setCpu(vmm.jail, vm.cpu);
     await vmm.qmp.cmd('cont');
     vm.vmm = vmm;
     vm.agent = agent;
@@ -418,7 +445,9 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore {
     t.writeBigUInt64LE(BigInt(Date.now()) * 1_000_000n);
     const host = Buffer.from(`${vm.id.replace(/[^A-Za-z0-9-]/g, '').slice(0, 60) || 'sandbox'}\0`);
     const machineId = Buffer.from(randomBytes(16).toString('hex'));
-    const r = await withTimeout(vm.agent!.request(T.SYNC, t, randomBytes(32), host, machineId), 10_000, 'the guest agent did not answer');
+    const pids = Buffer.alloc(4);
+    pids.writeUInt32LE(vm.pids);
+    const r = await withTimeout(vm.agent!.request(T.SYNC, t, randomBytes(32), host, machineId, pids), 10_000, 'the guest agent did not answer');
     if (r.err) throw new ProtocolError('BACKEND_FAILED', `microvm: sync failed (${r.err})`);
   }
 
@@ -428,7 +457,7 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore {
     if (this.vms.has(id)) throw new ProtocolError('ALREADY_EXISTS', `sandbox ${id} exists`);
     const { shape, refs, image } = await this.shapeOf(spec);
     const env = [...image.env, ...Object.entries(spec.env ?? {}).map(([k, v]) => `${k}=${v}`)];
-    const vm: Vm = { id, dir: '', tmpl: undefined as unknown as Template, env, cwd: spec.cwd ?? (image.cwd || '/'), seq: 0 };
+    const vm: Vm = { id, dir: '', tmpl: undefined as unknown as Template, env, cwd: spec.cwd ?? (image.cwd || '/'), seq: 0, cpu: spec.cpu, pids: spec.pidsLimit };
     this.vms.set(id, vm);
     try {
       const t0 = performance.now();
@@ -493,7 +522,8 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore {
           stop();
         }
       };
-      const finish = (status: number) => {
+      /** `limits`: the guest's EXIT bits (agent.c): the sandbox's OOM kills, pids-limit hits went up while it ran. */
+      const finish = (status: number, limits = 0) => {
         if (done) return;
         done = true;
         clearTimeout(timer);
@@ -511,7 +541,7 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore {
         const o: ExecOutcome = { exitCode, stdout: Buffer.concat(out), stderr: Buffer.concat(err), durationMs: Math.round((performance.now() - started) * 1000) / 1000, truncated, timedOut };
         if (signal) o.signal = signal;
         if (noSpace) o.noSpace = true;
-        o.verdict = noSpace && exitCode !== 0 ? 'DISK_LIMIT' : timedOut ? 'TIMEOUT' : truncated ? 'OUTPUT_LIMIT' : opts.signal?.aborted ? (opts.signal.reason === EXEC_KILLED ? 'KILLED' : 'CANCELLED') : 'OK';
+        o.verdict = verdictOf(o, NO_HITS, { oomKills: limits & 1, pidsMax: (limits >> 1) & 1 }, false, opts.signal);
         resolve(o);
       };
       let xid = 0;
@@ -593,13 +623,28 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore {
     await this.running(id).vmm.qmp.cmd('cont');
   }
 
-  /** Writes the whole state of a running VM to `file`; the VM is left stopped. */
+  /**
+   * Writes the whole state of a running VM to `file`; the VM is left stopped. QEMU writes it as its
+   * own user (jail.ts), into a directory beside `file` that only that user may enter; the file is
+   * then the node's (root's, readable: a clone's VMM reads it as a user of its own) and moved in place.
+   */
   private async save(vm: Vm & { vmm: Vmm }, file: string): Promise<number> {
     const q = vm.vmm.qmp;
-    await q.cmd('stop');
-    await q.cmd('migrate-set-parameters', { 'max-bandwidth': 64 * 1024 * 1024 * 1024 });
-    await q.cmd('migrate', { uri: `exec:cat > ${file}` });
-    await q.migrated();
+    const stage = join(dirname(file), `.saving-${randomBytes(4).toString('hex')}`);
+    const part = join(stage, 'state');
+    try {
+      await mkdir(stage, { mode: 0o700 });
+      await chown(stage, vm.vmm.jail.ids.hostId, vm.vmm.jail.ids.hostId);
+      await q.cmd('stop');
+      await q.cmd('migrate-set-parameters', { 'max-bandwidth': 64 * 1024 * 1024 * 1024 });
+      await q.cmd('migrate', { uri: `exec:cat > ${part}` });
+      await q.migrated();
+      await chown(part, 0, 0);
+      await chmod(part, 0o644);
+      await rename(part, file);
+    } finally {
+      await rm(stage, { recursive: true, force: true });
+    }
     return (await stat(file)).size;
   }
 
@@ -766,9 +811,15 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore {
     const snaps = join(this.root, 'snapshots');
     const files = new Set(await readdir(snaps).catch(() => [] as string[]));
     for (const f of files) {
+      if (f.startsWith('.saving-')) {
+        await rm(join(snaps, f), { recursive: true, force: true });
+        continue;
+      }
       const [base, ext] = [f.replace(/\.(state|json)$/, ''), f.endsWith('.state') ? '.json' : '.state'];
       if (!files.has(`${base}${ext}`)) await rm(join(snaps, f), { force: true });
     }
+    // Cgroups of VMMs that outlived a node killed with SIGKILL, and what still runs in them.
+    await this.jail.recover();
     // Templates whose boot was cut short.
     for (const d of await readdir(join(this.root, 'templates')).catch(() => [] as string[])) {
       if (d.includes('.tmp-')) await removeVmDir(join(this.root, 'templates', d));
@@ -787,7 +838,22 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore {
       }),
     );
     await Promise.all([...this.vms.keys()].map((id) => this.destroy(id)));
+    this.jail.close();
   }
+}
+
+/**
+ * A booted template becomes the node's before clones use it: its device state readable by every
+ * VMM's user (a clone reads it through `exec:cat` after its drop), the rest (its RAM, which clones
+ * open as root before the drop) root's alone. QEMU's user wrote some of it and may be reused.
+ */
+async function shareReadOnly(dir: string): Promise<void> {
+  for (const f of await readdir(dir)) {
+    await chown(join(dir, f), 0, 0);
+    await chmod(join(dir, f), f === 'dev' ? 0o644 : 0o600);
+  }
+  await chown(dir, 0, 0);
+  await chmod(dir, 0o755);
 }
 
 function lastLines(file: string): string {

@@ -14,7 +14,8 @@ const MAX_FRAME = 2 * 1024 * 1024 + 64;
 export interface ExecSink {
   out(chunk: Buffer): void;
   err(chunk: Buffer): void;
-  exit(status: number): void;
+  /** `limits`: the guest's bits for the sandbox's limits biting while it ran (agent.c EXIT_OOM, EXIT_PIDS). */
+  exit(status: number, limits?: number): void;
 }
 
 export class AgentChannel {
@@ -81,7 +82,7 @@ export class AgentChannel {
         else if (type === T.ERR) x.err(Buffer.from(pl));
         else {
           this.execs.delete(id);
-          x.exit(len >= 4 ? pl.readInt32LE(0) : -1);
+          x.exit(len >= 4 ? pl.readInt32LE(0) : -1, len >= 8 ? pl.readUInt32LE(4) : 0);
         }
       } else { this.fail(`the guest sent a frame of unknown type ${type}`); return; }
     }

@@ -1,9 +1,11 @@
 /** The hardening's pure parts, alone: seccomp profile, OCI config, policies, DNS packets, verdicts. */
 import test from 'ava';
-import { domainAllowed, parsePolicy, ProtocolError, validateNetworkPolicy, validateSpec } from '../../protocol/index.ts';
-import { ociConfig, SANDBOX_IDS } from '../../runtime/container/oci.ts';
+import { domainAllowed, ProtocolError, parsePolicy, validateNetworkPolicy, validateSpec } from '../../protocol/index.ts';
+import { verdictOf } from '../../runtime/backend.ts';
+import { ociConfig } from '../../runtime/container/oci.ts';
 import { DENIED_IOCTLS, seccompProfile } from '../../runtime/container/seccomp.ts';
-import { counter, verdictOf } from '../../runtime/container/verdict.ts';
+import { counter } from '../../runtime/container/verdict.ts';
+import { SANDBOX_IDS } from '../../runtime/ids.ts';
 import { answersOf, errorReply, parseQuery } from '../../runtime/network/dns.ts';
 import { linkAddresses, policyRules } from '../../runtime/network/egress.ts';
 

@@ -1,6 +1,6 @@
 /**
  * A range of host uids and gids for each sandbox, so that root in one sandbox is a host user of its
- * own. The kernel keeps several counters per host user and not per user namespace: file
+ * own (and for each VMM, which runs as the first id of its range: runtime/microvm/jail.ts). The kernel keeps several counters per host user and not per user namespace: file
  * descriptors in flight over unix sockets (unix_inflight, bounded by the sender's RLIMIT_NOFILE),
  * and, above each namespace's own count, the sum of POSIX message-queue bytes and of pending
  * signals. With one range for every sandbox, one sandbox holding them made another's sendmsg fail
@@ -16,9 +16,21 @@
  */
 import { type ChildProcess, spawn } from 'node:child_process';
 import { mkdirSync } from 'node:fs';
-import { join } from 'node:path';
-import { ProtocolError } from '../../protocol/index.ts';
-import { type IdRange, SANDBOX_IDS } from './oci.ts';
+import { chmod, stat } from 'node:fs/promises';
+import { dirname, join, resolve } from 'node:path';
+import { ProtocolError } from '../protocol/index.ts';
+
+export interface IdRange {
+  hostId: number;
+  size: number;
+}
+
+/**
+ * The first range of host ids a sandbox's 0…65535 map to; each sandbox has a range of its own
+ * above it, so root in one sandbox is a host user no other sandbox shares. Far above the ranges
+ * useradd hands out in /etc/subuid.
+ */
+export const SANDBOX_IDS: IdRange = { hostId: 1_000_000_000, size: 65536 };
 
 const SIZE = SANDBOX_IDS.size;
 /** (uid_t)-1 means "no id" to the kernel: the last usable id is one below it. */
@@ -123,4 +135,16 @@ function lock(file: string): Promise<ChildProcess | undefined> {
     p.stdin?.on('error', () => {});
     p.stdin?.write('1\n');
   });
+}
+
+/**
+ * Makes every directory from `dir` up searchable by others (only `x`: nothing becomes listable or
+ * readable), for a path a sandbox's or a VMM's own host user must reach.
+ */
+export async function traversable(dir: string): Promise<void> {
+  for (let d = resolve(dir); ; d = dirname(d)) {
+    const st = await stat(d);
+    if ((st.mode & 0o001) === 0) await chmod(d, (st.mode & 0o7777) | 0o001);
+    if (d === dirname(d)) break;
+  }
 }
