@@ -17,6 +17,7 @@ import { ARTIFACTS, keepScreenshot, startBrowser } from './helpers/browser.ts';
 import { type ClusterContext, logNodesOnFailure, startTestCluster, stopTestCluster } from './helpers/cluster.ts';
 import { ensureTestDesktop } from './helpers/desktop.ts';
 import { startTestGateway } from './helpers/gateway.ts';
+import { TestHost } from './helpers/test-host.ts';
 
 const missing = [
   process.getuid?.() === 0 ? '' : 'root',
@@ -330,4 +331,17 @@ test("the dashboard shows a full VM's screen, and its live view draws the same s
   t.deepEqual(await canvas.jsonValue(), [1024, 768]);
   t.log(`screenshots: ${await keepScreenshot(b.page, 'dashboard-fullvm.png')}, ${await keepScreenshot(view, 'live-view.png')}`);
   t.deepEqual(b.errors, []);
+});
+
+test('egress as on a container: a policy opens its CIDR:port to the desktop through its NIC, and closing it closes the way', async (t) => {
+  const host = await TestHost.start([8080]);
+  t.teardown(() => host.stop());
+  const sb = t.context.desktop;
+  // bash's /dev/tcp: the desktop image has no HTTP client on the command line.
+  const get = async () => (await sb.exec(['bash', '-c', `exec 3<>/dev/tcp/${host.addr}/8080 && printf 'GET / HTTP/1.0\\r\\n\\r\\n' >&3 && tail -1 <&3`], { timeoutMs: 15_000 })).stdout.trim();
+  t.is(await get(), '', 'no network before a policy');
+  await sb.network.set({ allow: [`${host.addr}/32:8080`] });
+  t.is(await get(), 'solution');
+  await sb.network.set({});
+  t.is(await get(), '');
 });

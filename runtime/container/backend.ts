@@ -485,7 +485,7 @@ export class ContainerBackend implements Backend, Snapshotting, SnapshotStore, P
     const state = await run(this.crun, ['--root', this.crunRoot, 'state', id]);
     const pid = (JSON.parse(state.stdout) as { pid?: number }).pid;
     if (!pid) throw new ProtocolError('INVALID_STATE', `sandbox ${id} has no running init`);
-    await this.egress.set(id, pid, policy, async (text) => {
+    await this.egress.set(id, { pid }, policy, async (text) => {
       await this.files(id).write('/etc/resolv.conf', Buffer.from(text));
     });
   }

@@ -23,7 +23,6 @@ export const fullvmPlugin: BackendPlugin = {
   kind: 'fullvm',
   capacity: microvmPlugin.capacity,
   checkSpec: async (spec, ctx) => {
-    if (spec.network) throw new ProtocolError('INVALID_SPEC', "network: the 'fullvm' backend has no network yet (egress policies are containers' only)", { detail: { field: 'network' } });
     if (spec.memoryMiB < MIN_MEMORY_MIB) throw new ProtocolError('INVALID_SPEC', `memoryMiB ${spec.memoryMiB}: a full VM needs at least ${MIN_MEMORY_MIB}`, { detail: { field: 'memoryMiB' } });
     const disk = diskMiBOf(spec);
     if (disk > spec.memoryMiB / 2) throw new ProtocolError('INVALID_SPEC', `diskMiB ${disk}: a full VM's writable layer is in its memory, at most half of memoryMiB (${spec.memoryMiB})`, { detail: { field: 'diskMiB' } });

@@ -26,6 +26,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/openat2.h>
+#include <net/if.h>
+#include <net/route.h>
+#include <netinet/in.h>
 #include <linux/random.h>
 #include <poll.h>
 #include <signal.h>
@@ -36,6 +39,7 @@
 #include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/signalfd.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
@@ -44,7 +48,7 @@
 #include <unistd.h>
 
 enum {
-  T_EXEC = 1, T_STDIN = 2, T_KILL = 3, T_FREAD = 4, T_FWRITE = 5, T_FLIST = 6, T_FREMOVE = 7, T_SYNC = 8, T_PING = 9,
+  T_EXEC = 1, T_STDIN = 2, T_KILL = 3, T_FREAD = 4, T_FWRITE = 5, T_FLIST = 6, T_FREMOVE = 7, T_SYNC = 8, T_PING = 9, T_NET = 10,
   T_OUT = 101, T_ERR = 102, T_EXIT = 103, T_REPLY = 104,
 };
 #define MAX_FRAME (2u << 20)
@@ -235,6 +239,21 @@ static void kill_exec(const struct exec *x) {
   if (writefile(p, "1") != 0) kill(-x->pid, SIGKILL);
 }
 
+static int if_up(const char *name) {
+  int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (s < 0) return errno;
+  struct ifreq ifr = {0};
+  strncpy(ifr.ifr_name, name, IFNAMSIZ - 1);
+  int err = 0;
+  if (ioctl(s, SIOCGIFFLAGS, &ifr) != 0) err = errno;
+  else {
+    ifr.ifr_flags |= IFF_UP;
+    if (ioctl(s, SIOCSIFFLAGS, &ifr) != 0) err = errno;
+  }
+  close(s);
+  return err;
+}
+
 static void boot(void) {
   mkdir("/dev", 0755); mkdir("/proc", 0755); mkdir("/sys", 0755);
   mount("devtmpfs", "/dev", "devtmpfs", 0, NULL);
@@ -276,6 +295,7 @@ static void boot(void) {
   mount("shm", ROOT "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size=64m");
   mount("sysfs", ROOT "/sys", "sysfs", MS_RDONLY, NULL);
   rootfd = open(ROOT, O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if_up("lo");
 }
 
 /* ─── exec ─────────────────────────────────────────────────────────────────────────────────── */
@@ -588,6 +608,45 @@ static void do_sync(uint32_t id, const char *pl, uint32_t len) {
   reply(id, 0, NULL, 0);
 }
 
+/*
+ * NET: the guest's eth0 (the VM's one virtio-net, whose other end the node relays to a tap of the
+ * sandbox's: runtime/microvm/netrelay.c) gets `addr`/`prefix` and a default route through `gw`
+ * (IPv4, network byte order), replacing what it had: a fork's copy starts with its parent's.
+ */
+static void do_net(uint32_t id, const char *pl, uint32_t len) {
+  if (len < 9 || (uint8_t)pl[4] > 32) { reply(id, EINVAL, NULL, 0); return; }
+  int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (s < 0) { reply(id, errno, NULL, 0); return; }
+  int err = if_up("eth0");
+  struct ifreq ifr = {0};
+  strncpy(ifr.ifr_name, "eth0", IFNAMSIZ - 1);
+  struct sockaddr_in *sin = (struct sockaddr_in *)&ifr.ifr_addr;
+  sin->sin_family = AF_INET;
+  memcpy(&sin->sin_addr, pl, 4);
+  if (!err && ioctl(s, SIOCSIFADDR, &ifr) != 0) err = errno;
+  uint8_t prefix = (uint8_t)pl[4];
+  uint32_t mask = prefix == 0 ? 0 : htonl(0xffffffffu << (32 - prefix));
+  memcpy(&sin->sin_addr, &mask, 4);
+  if (!err && ioctl(s, SIOCSIFNETMASK, &ifr) != 0) err = errno;
+  struct rtentry rt = {0};
+  ((struct sockaddr_in *)&rt.rt_dst)->sin_family = AF_INET;
+  ((struct sockaddr_in *)&rt.rt_genmask)->sin_family = AF_INET;
+  struct sockaddr_in *gw = (struct sockaddr_in *)&rt.rt_gateway;
+  gw->sin_family = AF_INET;
+  memcpy(&gw->sin_addr, pl + 5, 4);
+  rt.rt_flags = RTF_UP | RTF_GATEWAY;
+  rt.rt_dev = "eth0";
+  // The default route a fork's parent had, if any: without a gateway, any default route matches.
+  struct rtentry old = rt;
+  memset(&old.rt_gateway, 0, sizeof old.rt_gateway);
+  old.rt_gateway.sa_family = AF_INET;
+  old.rt_flags = RTF_UP;
+  while (!err && ioctl(s, SIOCDELRT, &old) == 0) {}
+  if (!err && ioctl(s, SIOCADDRT, &rt) != 0) err = errno;
+  close(s);
+  reply(id, err, NULL, 0);
+}
+
 static void handle(uint16_t type, uint32_t id, const char *pl, uint32_t len) {
   switch (type) {
     case T_EXEC: do_exec(id, pl, len); break;
@@ -621,6 +680,7 @@ static void handle(uint16_t type, uint32_t id, const char *pl, uint32_t len) {
     case T_FLIST: do_list(id, pl, len); break;
     case T_FREMOVE: do_remove(id, pl, len); break;
     case T_SYNC: do_sync(id, pl, len); break;
+    case T_NET: do_net(id, pl, len); break;
     case T_PING: reply(id, 0, NULL, 0); break;
     default: reply(id, ENOSYS, NULL, 0);
   }

@@ -29,20 +29,26 @@ import { chmod, chown, mkdir, readdir, readFile, rename, rm, stat, writeFile } f
 import { constants as osConstants } from 'node:os';
 import { basename, dirname, join } from 'node:path';
 import type { Logger } from 'pino';
-import { diskMiBOf, type FileEntry, Limits, ProtocolError, type SandboxSpec, type SandboxStats } from '../../protocol/index.ts';
+import { diskMiBOf, type FileEntry, Limits, type NetworkPolicy, ProtocolError, type SandboxSpec, type SandboxStats } from '../../protocol/index.ts';
 import { type Backend, type ExecOptions, type ExecOutcome, type HibernateOutcome, type SandboxFiles, type SnapshotStore, type Snapshotting, verdictOf } from '../backend.ts';
 import { traversable } from '../ids.ts';
 import type { LayerManager } from '../images/layers.ts';
 import type { ImageManifest, LayerRef } from '../images/store.ts';
+import { Egress } from '../network/egress.ts';
+import { sourceFile } from '../source.ts';
+import { buildStaticBinary } from '../static-binary.ts';
 import { AgentChannel, T } from './channel.ts';
 import { type Jailed, VmmJail } from './jail.ts';
 import { type GuestBoot, guestBoot, hostTscKhz } from './kernel.ts';
 import { Qmp } from './qmp.ts';
 
+/** A VMM's sockets: under its directory, or under /run when that path is too long (sockPath). */
+const SOCKETS = ['qmp.sock', 'agent.sock', 'vnc.sock', 'net.sock'];
+
 /** Removes a VM's directory and the sockets that may live outside it. */
 async function removeVmDir(dir: string): Promise<void> {
   await rm(dir, { recursive: true, force: true });
-  for (const f of ['qmp.sock', 'agent.sock', 'vnc.sock']) await rm(sockPath(dir, f), { force: true });
+  for (const f of SOCKETS) await rm(sockPath(dir, f), { force: true });
 }
 
 /** Where a unix socket path must fit: sun_path is 108 bytes with its NUL. */
@@ -126,6 +132,10 @@ export interface Vm {
   cpu: number;
   /** Its spec's pidsLimit, held by the guest's cgroup of the sandbox (agent.c SB_CG). */
   pids: number;
+  /** Its egress link, once a policy opened anything: the tap its NIC is relayed to. */
+  net?: { ifname: string; addr: string; gw: string };
+  /** The relay between its VMM's NIC socket and the tap (netrelay.c), while both run. */
+  relay?: ChildProcess;
 }
 
 const BOOT_TIMEOUT_MS = 120_000;
@@ -177,6 +187,8 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore {
   accel = 'tcg';
   onCrash?: (id: string, why: string) => void;
   private readonly jail: VmmJail;
+  /** Egress of this backend's VMs: a table of its own beside the containers' (egress.ts). */
+  private readonly egress: Egress;
 
   constructor(
     protected readonly o: MicrovmBackendOptions,
@@ -184,6 +196,7 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore {
   ) {
     this.root = join(o.nodeDir, dirName);
     this.jail = new VmmJail(`${o.nodeId}/${dirName}`);
+    this.egress = new Egress(`${o.nodeId}_${dirName}`);
   }
 
   private get q35(): boolean {
@@ -234,6 +247,10 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore {
       '-device', `virtio-serial-${bus}`,
       '-chardev', `socket,id=agent,path=${sockPath(dir, 'agent.sock')},server=on,wait=off`,
       '-device', 'virtserialport,chardev=agent,name=paddock',
+      // The one NIC, leading to a socket nobody is connected to until an egress policy opens
+      // something: then the node relays it to the sandbox's tap (netrelay.c).
+      '-netdev', `stream,id=net,server=on,addr.type=unix,addr.path=${sockPath(dir, 'net.sock')}`,
+      '-device', `virtio-net-${bus},netdev=net,mac=52:54:00:00:00:01`,
       '-qmp', `unix:${sockPath(dir, 'qmp.sock')},server=on,wait=off`,
       '-pidfile', join(dir, 'qemu.pid'),
       '-name', `paddock-${this.o.nodeId}`,
@@ -347,7 +364,7 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore {
         await vmm.qmp.migrated();
         await vmm.qmp.cmd('quit').catch(() => {});
         await vmm.exited;
-        for (const f of ['qmp.sock', 'agent.sock', 'vnc.sock', 'qemu.pid']) await rm(f.endsWith('.sock') ? sockPath(tmp, f) : join(tmp, f), { force: true });
+        for (const f of [...SOCKETS, 'qemu.pid']) await rm(f.endsWith('.sock') ? sockPath(tmp, f) : join(tmp, f), { force: true });
         await shareReadOnly(tmp);
         await rename(tmp, dir).catch(async (e: NodeJS.ErrnoException) => {
           // Made meanwhile by a node sharing the directory: use theirs.
@@ -438,6 +455,50 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore {
     vm.agent = agent;
     vm.dir = vmm.dir;
     await this.sync(vm);
+    // Restored from hibernation: the guest kept its address, its new VMM needs the relay again.
+    if (vm.net) await this.relay(vm as Vm & { vmm: Vmm; net: NonNullable<Vm['net']> });
+  }
+
+  // ─── egress (runtime/network/egress.ts, netrelay.c) ───────────────────────────────────────
+
+  async setNetwork(id: string, policy: NetworkPolicy): Promise<void> {
+    const vm = this.running(id);
+    await this.egress.set(id, { attach: (link) => this.attachNet(vm, link) }, policy, async (text) => {
+      await this.files(id).write('/etc/resolv.conf', Buffer.from(text));
+    });
+  }
+
+  /** The VM's new tap: relayed to its NIC, and the guest's eth0 given its address and route. */
+  private async attachNet(vm: Vm & { agent: AgentChannel; vmm: Vmm }, link: NonNullable<Vm['net']>): Promise<void> {
+    vm.net = link;
+    await this.relay(vm as Vm & { vmm: Vmm; net: NonNullable<Vm['net']> });
+    const ip = (a: string) => Buffer.from(a.split('.').map(Number));
+    const r = await withTimeout(vm.agent.request(T.NET, Buffer.concat([ip(link.addr), Buffer.from([30]), ip(link.gw)])), 10_000, 'the guest agent did not answer');
+    if (r.err) throw new ProtocolError('BACKEND_FAILED', `microvm: the guest could not configure its network (errno ${r.err})`);
+  }
+
+  private async relay(vm: Vm & { vmm: Vmm; net: NonNullable<Vm['net']> }): Promise<void> {
+    vm.relay?.kill('SIGKILL');
+    const bin = await buildStaticBinary(NETRELAY_SOURCE, this.o.binDir, 'netrelay', 'Networking of VMs');
+    const child = spawn(bin, [vm.net.ifname, sockPath(vm.vmm.dir, 'net.sock')], { stdio: ['ignore', 'ignore', 'pipe'] });
+    const said = await new Promise<string>((resolve) => {
+      let err = '';
+      child.stderr.on('data', (d: Buffer) => {
+        err += d.toString();
+        if (err.includes('\n')) resolve(err.slice(0, err.indexOf('\n')));
+      });
+      child.once('close', () => resolve(err.trim() || 'error netrelay: ended'));
+      child.once('error', (e) => resolve(`error spawn: ${e.message}`));
+    });
+    if (said !== 'ok') {
+      child.kill('SIGKILL');
+      throw new ProtocolError('BACKEND_FAILED', `microvm: the network relay of sandbox ${vm.id}: ${said.replace(/^error /, '')}`);
+    }
+    child.stderr.resume();
+    vm.relay = child;
+    child.once('exit', () => {
+      if (vm.relay === child) vm.relay = undefined;
+    });
   }
 
   private async sync(vm: Vm): Promise<void> {
@@ -469,6 +530,7 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore {
       vm.dir = vmm.dir;
       await writeFile(join(vmm.dir, 'meta.json'), JSON.stringify({ id, template: vm.tmpl.key }));
       await this.incoming(vm, vmm, from?.state ?? join(vm.tmpl.dir, 'dev'));
+      if (spec.network) await this.setNetwork(id, spec.network);
       const ms = (a: number, b: number) => Math.round(b - a);
       this.o.log?.debug({ id, templateMs: ms(t0, t1), vmmMs: ms(t1, t2), loadMs: ms(t2, performance.now()) }, 'microvm started');
     } catch (e) {
@@ -667,7 +729,7 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore {
     await vm.vmm.qmp.cmd('quit').catch(() => {});
     await this.stopVmm(vm.vmm);
     v.vmm = undefined;
-    for (const f of ['qmp.sock', 'agent.sock', 'vnc.sock', 'qemu.pid']) await rm(f.endsWith('.sock') ? sockPath(vm.dir, f) : join(vm.dir, f), { force: true });
+    for (const f of [...SOCKETS, 'qemu.pid']) await rm(f.endsWith('.sock') ? sockPath(vm.dir, f) : join(vm.dir, f), { force: true });
     return { snapshotBytes: bytes, releasedBytes: rss };
   }
 
@@ -704,6 +766,8 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore {
     const vm = this.vms.get(id);
     if (!vm) return;
     vm.agent?.close();
+    vm.relay?.kill('SIGKILL');
+    await this.egress.remove(id);
     await this.stopVmm(vm.vmm);
     if (vm.dir) await removeVmDir(vm.dir);
     for (const r of vm.tmpl?.refs ?? []) this.o.layers.releaseFile(r);
@@ -820,6 +884,7 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore {
     }
     // Cgroups of VMMs that outlived a node killed with SIGKILL, and what still runs in them.
     await this.jail.recover();
+    await this.egress.recover();
     // Templates whose boot was cut short.
     for (const d of await readdir(join(this.root, 'templates')).catch(() => [] as string[])) {
       if (d.includes('.tmp-')) await removeVmDir(join(this.root, 'templates', d));
@@ -838,6 +903,7 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore {
       }),
     );
     await Promise.all([...this.vms.keys()].map((id) => this.destroy(id)));
+    await this.egress.close();
     this.jail.close();
   }
 }
@@ -855,6 +921,8 @@ async function shareReadOnly(dir: string): Promise<void> {
   await chown(dir, 0, 0);
   await chmod(dir, 0o755);
 }
+
+const NETRELAY_SOURCE = sourceFile('runtime/microvm/netrelay.c');
 
 function lastLines(file: string): string {
   try {

@@ -8,7 +8,7 @@ import type { Socket } from 'node:net';
 import { ProtocolError } from '../../protocol/index.ts';
 import { connectUnix } from './qmp.ts';
 
-export const T = { EXEC: 1, STDIN: 2, KILL: 3, FREAD: 4, FWRITE: 5, FLIST: 6, FREMOVE: 7, SYNC: 8, PING: 9, OUT: 101, ERR: 102, EXIT: 103, REPLY: 104 } as const;
+export const T = { EXEC: 1, STDIN: 2, KILL: 3, FREAD: 4, FWRITE: 5, FLIST: 6, FREMOVE: 7, SYNC: 8, PING: 9, NET: 10, OUT: 101, ERR: 102, EXIT: 103, REPLY: 104 } as const;
 const MAX_FRAME = 2 * 1024 * 1024 + 64;
 
 export interface ExecSink {

@@ -20,7 +20,6 @@ export const microvmPlugin: BackendPlugin = {
     diskMiB: cfg.capacity.diskMiB ?? Math.floor((totalmem() / 1024 / 1024) * cfg.overcommit.memory),
   }),
   checkSpec: async (spec, ctx) => {
-    if (spec.network) throw new ProtocolError('INVALID_SPEC', "network: the 'microvm' backend has no network yet (egress policies are containers' only)", { detail: { field: 'network' } });
     if (spec.memoryMiB < MIN_MEMORY_MIB) throw new ProtocolError('INVALID_SPEC', `memoryMiB ${spec.memoryMiB}: a microVM needs at least ${MIN_MEMORY_MIB}`, { detail: { field: 'memoryMiB' } });
     // The writable layer is a tmpfs in the guest's RAM.
     const disk = diskMiBOf(spec);

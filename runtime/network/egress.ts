@@ -1,8 +1,10 @@
 /**
- * Per-sandbox egress. A sandbox starts with a network namespace holding only `lo`. When a policy
- * opens anything, the node gives it a veth pair (`pdk<N>` on the host, `eth0` inside, a /30 from
- * 100.72.0.0/16 — shared address space, never routed on the internet) and enforces the policy with
- * nftables in a table of its own (`inet pdk_<node>`), so the host's other rules are not touched:
+ * Per-sandbox egress. A sandbox starts with no way out: a container's network namespace holds only
+ * `lo`, a VM's one NIC leads nowhere. When a policy opens anything, the node gives it a link
+ * (`pdk<N>` on the host, a /30 from 100.72.0.0/16 — shared address space, never routed on the
+ * internet): a veth pair whose other end is the container's `eth0`, or a tap that the VM backend
+ * connects to its VM's NIC (runtime/microvm/netrelay.c). The policy is enforced with nftables in a
+ * table of the backend's own (`inet pdk_<node>[_<backend>]`), so the host's other rules are not touched:
  *
  *   forward: iifname → the sandbox's chain: allowed CIDR:ports, then addresses its DNS filter
  *            handed out (a set with per-element timeouts), then reject. Other sandboxes, the
@@ -37,6 +39,13 @@ const POOL_BASE = (100 << 24) | (72 << 16);
 const POOL_LINKS = 16384;
 const STALE_CLAIM_MS = 10 * 60_000;
 export const LINK_PREFIX = 'pdk';
+
+/**
+ * Where the sandbox's end of its link goes: into a container's network namespace (its init's
+ * pid), or, for a VM, a tap on the host that `attach` connects to the VM and whose guest end it
+ * configures with `addr`/30 and a default route through `gw`.
+ */
+export type LinkTarget = { pid: number } | { attach: (link: { ifname: string; addr: string; gw: string }) => Promise<void> };
 
 interface Link {
   index: number;
@@ -131,19 +140,25 @@ export class Egress {
    * Applies `policy` to the sandbox whose init is `pid`. The first policy that opens anything
    * creates the link; `writeResolv` points the sandbox's resolver at its DNS filter.
    */
-  async set(id: string, pid: number, policy: NetworkPolicy, writeResolv: (text: string) => Promise<void>): Promise<void> {
+  async set(id: string, target: LinkTarget, policy: NetworkPolicy, writeResolv: (text: string) => Promise<void>): Promise<void> {
     const parsed = parsePolicy(policy);
     let link = this.links.get(id);
     if (!link) {
       if (parsed.allow.length === 0 && parsed.domains.length === 0) return;
-      link = await this.createLink(id, pid, parsed);
+      link = await this.createLink(id, target, parsed);
       await writeResolv(`nameserver ${link.gw}\n`);
     }
     link.policy = parsed;
     await this.nft(policyRules(this.table, link.index, link.gw, parsed));
   }
 
-  private async createLink(id: string, pid: number, policy: ParsedPolicy): Promise<Link> {
+  /** The link of a sandbox that has one: its host interface and addresses. */
+  link(id: string): { ifname: string; addr: string; gw: string } | undefined {
+    const l = this.links.get(id);
+    return l && { ifname: l.ifname, addr: l.addr, gw: l.gw };
+  }
+
+  private async createLink(id: string, target: LinkTarget, policy: ParsedPolicy): Promise<Link> {
     await this.ensureTable();
     const index = await this.claim(id);
     const ifname = `${LINK_PREFIX}${index}`;
@@ -163,11 +178,8 @@ export class Egress {
     };
     this.links.set(id, link);
     try {
-      await run('ip', ['link', 'add', ifname, 'type', 'veth', 'peer', 'name', `${ifname}c`, 'netns', String(pid)]);
-      await run('ip', ['-batch', '-'], { input: `addr add ${gw}/30 dev ${ifname}\nlink set ${ifname} up\n` });
-      await run('nsenter', [`--net=/proc/${pid}/ns/net`, 'ip', '-batch', '-'], {
-        input: `link set ${ifname}c name eth0\naddr add ${addr}/30 dev eth0\nlink set eth0 up\nroute add default via ${gw}\n`,
-      });
+      // The chains first, rejecting all: the forward hook accepts what no chain claims, so a link
+      // that carried packets before its interface was in the map would forward them unfiltered.
       await this.nft([
         `add set inet ${t} sbd_${index} { type ipv4_addr . inet_service; flags timeout; }`,
         `add chain inet ${t} sbo_${index}`,
@@ -178,7 +190,16 @@ export class Egress {
         `add element inet ${t} sbout { "${ifname}" : jump sbo_${index} }`,
         `add element inet ${t} sbin { "${ifname}" : jump sbi_${index} }`,
       ]);
+      if ('pid' in target) await run('ip', ['link', 'add', ifname, 'type', 'veth', 'peer', 'name', `${ifname}c`, 'netns', String(target.pid)]);
+      else await run('ip', ['tuntap', 'add', 'dev', ifname, 'mode', 'tap']);
+      await run('ip', ['-batch', '-'], { input: `addr add ${gw}/30 dev ${ifname}\nlink set ${ifname} up\n` });
+      // Bound to the gateway address, which exists only now.
       await link.dns.start();
+      if ('pid' in target) {
+        await run('nsenter', [`--net=/proc/${target.pid}/ns/net`, 'ip', '-batch', '-'], {
+          input: `link set ${ifname}c name eth0\naddr add ${addr}/30 dev eth0\nlink set eth0 up\nroute add default via ${gw}\n`,
+        });
+      } else await target.attach({ ifname, addr, gw });
       return link;
     } catch (e) {
       await this.remove(id);

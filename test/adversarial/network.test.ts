@@ -1,24 +1,19 @@
 /**
- * Network probing and egress policies. Destinations are a test host in a network namespace this
- * file creates (on 100.96.<k>.2, reached over a veth from the host) and the node's own loopback
- * ports; nothing leaves the machine. A fake upstream resolver on 127.0.0.1 answers `pkg.test`.
+ * Network probing and egress policies, on containers and on microVMs. Destinations are a test host
+ * in a network namespace of its own (test/helpers/test-host.ts) and the node's own addresses and
+ * loopback ports; nothing leaves the machine. A fake upstream resolver on 127.0.0.1 answers `pkg.test`.
  */
-import { execFile } from 'node:child_process';
 import { createSocket } from 'node:dgram';
-import { mkdtemp, rm, writeFile } from 'node:fs/promises';
-import { networkInterfaces, tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { promisify } from 'node:util';
+import { existsSync, readdirSync } from 'node:fs';
+import { networkInterfaces } from 'node:os';
 import type { Sandbox } from '../../sdk/index.ts';
+import { TestHost } from '../helpers/test-host.ts';
 import { advTest, underAttack } from './harness.ts';
 
-const sh = promisify(execFile);
-const k = (process.pid % 250) + 1;
-const NS = `pdkt${process.pid}`;
-const HOST_IF = `tph${process.pid}`;
-const PEER_IF = `tpg${process.pid}`;
-const TEST_HOST = `100.96.${k}.2`;
-const TEST_GW = `100.96.${k}.1`;
+let host: TestHost;
+/** The test host's address and its gateway on the host (set once it is up). */
+let TEST_HOST = '';
+let TEST_GW = '';
 
 // The fake upstream resolver: pkg.test → the test host; every name it is asked is logged.
 const asked: string[] = [];
@@ -45,32 +40,16 @@ dns.on('message', (q, r) => {
 });
 await new Promise<void>((resolve) => dns.bind(0, '127.0.0.1', resolve));
 
-const test = advTest({ env: { PADDOCK_DNS_UPSTREAM: `127.0.0.1:${dns.address().port}` } });
-let webDir = '';
-const servers: Array<{ kill: () => void }> = [];
-
+const test = advTest({ env: { PADDOCK_DNS_UPSTREAM: `127.0.0.1:${dns.address().port}`, PADDOCK_BACKENDS: 'container,microvm' } });
 test.before(async () => {
-  await sh('ip', ['netns', 'add', NS]);
-  await sh('ip', ['link', 'add', HOST_IF, 'type', 'veth', 'peer', 'name', PEER_IF, 'netns', NS]);
-  await sh('ip', ['addr', 'add', `${TEST_GW}/30`, 'dev', HOST_IF]);
-  await sh('ip', ['link', 'set', HOST_IF, 'up']);
-  for (const c of [['link', 'set', 'lo', 'up'], ['addr', 'add', `${TEST_HOST}/30`, 'dev', PEER_IF], ['link', 'set', PEER_IF, 'up'], ['route', 'add', 'default', 'via', TEST_GW]]) await sh('ip', ['-n', NS, ...c]);
-  webDir = await mkdtemp(join(tmpdir(), 'paddock-web-'));
-  await writeFile(join(webDir, 'index.html'), 'solution\n');
-  for (const port of [8080, 8081]) {
-    const { spawn } = await import('node:child_process');
-    const p = spawn('ip', ['netns', 'exec', NS, 'busybox', 'httpd', '-f', '-p', `${TEST_HOST}:${port}`, '-h', webDir], { stdio: 'ignore' });
-    servers.push({ kill: () => p.kill('SIGKILL') });
-  }
-  await new Promise((r) => setTimeout(r, 200));
+  host = await TestHost.start([8080, 8081]);
+  TEST_HOST = host.addr;
+  TEST_GW = host.gw;
 });
 
 test.after.always(async () => {
-  for (const s of servers) s.kill();
-  await sh('ip', ['link', 'del', HOST_IF]).catch(() => {});
-  await sh('ip', ['netns', 'del', NS]).catch(() => {});
+  await host?.stop();
   dns.close();
-  if (webDir) await rm(webDir, { recursive: true, force: true });
 });
 
 const natsPort = (url: string) => Number(new URL(url).port);
@@ -78,6 +57,14 @@ function hostAddress(): string {
   for (const list of Object.values(networkInterfaces())) for (const a of list ?? []) if (a.family === 'IPv4' && !a.internal) return a.address;
   return '127.0.0.1';
 }
+
+/**
+ * The same policies hold for a microVM: its one NIC is relayed to a tap with the containers'
+ * rules (runtime/microvm/netrelay.c). Skipped where QEMU or the guest kernel is missing.
+ */
+const vmReady = existsSync('/usr/bin/qemu-system-x86_64') && readdirSync('/boot').some((n) => /^vmlinuz-.*-cloud-amd64$/.test(n));
+const BACKENDS = vmReady ? (['container', 'microvm'] as const) : (['container'] as const);
+const spec = (backend: 'container' | 'microvm') => (backend === 'microvm' ? { backend, cpu: 1, memoryMiB: 256 } : { backend, cpu: 1 });
 
 /** An HTTP GET from inside (busybox's static wget cannot resolve or even run here: nc it is); the body's last line. */
 async function fetchFrom(sb: Sandbox, host: string, port: number): Promise<string> {
@@ -97,11 +84,12 @@ async function probe(sb: Sandbox, host: string, port: number): Promise<string> {
   return r.stdout.trim();
 }
 
-test.serial('no network by default: NATS, node ports, metadata addresses and a loopback scan find nothing', async (t) => {
-  const sb = await t.context.pdk.sandboxes.create({ cpu: 1 });
+for (const backend of BACKENDS) {
+test.serial(`${backend}: no network by default: NATS, node ports, metadata addresses${backend === 'container' ? ' and a loopback scan' : ''} find nothing`, async (t) => {
+  const sb = await t.context.pdk.sandboxes.create(spec(backend));
   t.teardown(() => sb.kill());
   const nats = natsPort(t.context.cluster.url);
-  await underAttack(t, 'connect to NATS, node ports, metadata; scan loopback', 'UNREACHABLE', async () => {
+  await underAttack(t, backend === 'container' ? 'connect to NATS, node ports, metadata; scan loopback' : `${backend}: connect to NATS, the node's ports, metadata`, 'UNREACHABLE', async () => {
     const targets: Array<[string, number]> = [
       ['127.0.0.1', nats],
       [hostAddress(), nats],
@@ -112,15 +100,18 @@ test.serial('no network by default: NATS, node ports, metadata addresses and a l
     ];
     const open = [];
     for (const [h, p] of targets) if ((await probe(sb, h, p)) === 'open') open.push(`${h}:${p}`);
-    const scan = await sb.exec(['sh', '-c', 'for p in $(seq 1 2000); do nc -w 1 127.0.0.1 $p </dev/null >/dev/null 2>&1 && echo $p; done; true'], { timeoutMs: 60_000 });
-    open.push(...scan.stdout.split('\n').filter(Boolean));
+    // A container shares no loopback with the node, but it is the one place a slip would show; a VM's is its guest's own.
+    if (backend === 'container') {
+      const scan = await sb.exec(['sh', '-c', 'for p in $(seq 1 2000); do nc -w 1 127.0.0.1 $p </dev/null >/dev/null 2>&1 && echo $p; done; true'], { timeoutMs: 60_000 });
+      open.push(...scan.stdout.split('\n').filter(Boolean));
+    }
     return open.length === 0 ? 'UNREACHABLE' : `OPEN ${open.join(' ')}`;
   });
 });
 
-test.serial('an egress policy opens exactly its CIDR:ports, changes while running, and never the node or NATS', async (t) => {
+test.serial(`${backend}: an egress policy opens exactly its CIDR:ports, changes while running, and never the node or NATS`, async (t) => {
   const nats = natsPort(t.context.cluster.url);
-  const sb = await t.context.pdk.sandboxes.create({ cpu: 1, network: { allow: [`${TEST_HOST}/32:8080`] } });
+  const sb = await t.context.pdk.sandboxes.create({ ...spec(backend), network: { allow: [`${TEST_HOST}/32:8080`] } });
   t.teardown(() => sb.kill());
   t.is(await fetchFrom(sb, TEST_HOST, 8080), 'solution');
   t.is(await probe(sb, TEST_HOST, 8081), 'closed');
@@ -139,8 +130,8 @@ test.serial('an egress policy opens exactly its CIDR:ports, changes while runnin
   t.is((bad as { code?: string }).code, 'INVALID_REQUEST');
 });
 
-test.serial('domains resolve only through the DNS filter: allowed names open, others are refused and never asked upstream', async (t) => {
-  const sb = await t.context.pdk.sandboxes.create({ cpu: 1, network: { domains: ['pkg.test'], ports: [8080] } });
+test.serial(`${backend}: domains resolve only through the DNS filter: allowed names open, others are refused and never asked upstream`, async (t) => {
+  const sb = await t.context.pdk.sandboxes.create({ ...spec(backend), network: { domains: ['pkg.test'], ports: [8080] } });
   t.teardown(() => sb.kill());
   // Closed until the name is resolved through the filter, open (on the policy's ports) after.
   t.is(await probe(sb, TEST_HOST, 8080), 'closed');
@@ -159,12 +150,34 @@ test.serial('domains resolve only through the DNS filter: allowed names open, ot
   t.notRegex(direct.stdout, new RegExp(TEST_HOST.replace(/\./g, '\\.')));
 });
 
-test.serial('one sandbox cannot reach another unless its policy says so', async (t) => {
-  const a = await t.context.pdk.sandboxes.create({ cpu: 1, network: { allow: [`${TEST_HOST}/32:8080`] } });
-  const b = await t.context.pdk.sandboxes.create({ cpu: 1, network: { allow: [`${TEST_HOST}/32:8080`] } });
+test.serial(`${backend}: one sandbox cannot reach another unless its policy says so`, async (t) => {
+  const a = await t.context.pdk.sandboxes.create({ ...spec(backend), network: { allow: [`${TEST_HOST}/32:8080`] } });
+  const b = await t.context.pdk.sandboxes.create({ ...spec(backend), network: { allow: [`${TEST_HOST}/32:8080`] } });
   t.teardown(() => Promise.all([a.kill(), b.kill()]));
   const bAddr = (await b.exec(['sh', '-c', "ip -4 -o addr show eth0 | awk '{print $4}' | cut -d/ -f1"])).stdout.trim();
   t.regex(bAddr, /^100\.72\./);
   await b.exec(['sh', '-c', '(nc -l -p 9000 -e echo hi &) ; true']);
   t.is(await probe(a, bAddr, 9000), 'closed');
 });
+}
+
+if (vmReady) {
+  test.serial('microvm: its network survives hibernate and restore (a new VMM, relayed to the same tap), and a fork gets a link of its own', async (t) => {
+    const sb = await t.context.pdk.sandboxes.create({ ...spec('microvm'), network: { allow: [`${TEST_HOST}/32:8080`] } });
+    t.teardown(() => sb.kill());
+    t.is(await fetchFrom(sb, TEST_HOST, 8080), 'solution');
+    await sb.hibernate();
+    await sb.restore();
+    t.is(await fetchFrom(sb, TEST_HOST, 8080), 'solution');
+    t.is(await probe(sb, TEST_HOST, 8081), 'closed');
+    const addr = async (s: Sandbox) => (await s.exec(['sh', '-c', "ip -4 -o addr show eth0 | awk '{print $4}'"])).stdout.trim();
+    const [kid] = await sb.fork(1);
+    if (!kid) return t.fail('no fork');
+    t.teardown(() => kid.kill());
+    // The copy starts with its parent's address in its guest, and gets its own link and address.
+    t.not(await addr(kid), await addr(sb));
+    t.regex(await addr(kid), /^100\.72\./);
+    t.is(await fetchFrom(kid, TEST_HOST, 8080), 'solution');
+    t.is(await fetchFrom(sb, TEST_HOST, 8080), 'solution');
+  });
+}
