@@ -3,6 +3,7 @@
  * and the bad cases (corrupt bytes, a store that goes away, a full cache).
  */
 import { randomBytes } from 'node:crypto';
+import { existsSync, readdirSync } from 'node:fs';
 import { chmod, mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -235,6 +236,27 @@ test('an unknown toolkit or workspace is a clear INVALID_SPEC, and nothing start
   const err = await t.throwsAsync(c.pdk.sandboxes.create({ image: 'busybox', workspace: `${tag}-nope` }));
   t.is((err as { code?: string }).code, 'INVALID_SPEC');
   t.regex(err?.message ?? '', /nope/);
+});
+
+const vmReady = existsSync('/usr/bin/qemu-system-x86_64') && readdirSync('/boot').some((n) => /^vmlinuz-.*-cloud-amd64$/.test(n));
+(vmReady ? test : test.skip)('lazy loading for microVMs: the guest reads its layer disks through the same FUSE files, fetched as it reads them', async (t) => {
+  const big = randomBytes(4 * 1024 * 1024);
+  const img = await layered(t, `${tag}-lazyvm`, { 'data/big': big, 'data/small': 'hello\n' });
+  const c = await lazyCluster(t, { PADDOCK_BACKENDS: 'container,microvm' });
+  await nodesHaveImages(c.pdk, ['busybox', img.name]);
+  const node = c.cluster.nodes[0]!.id;
+  const ws = img.layers[0]!;
+  const vm = await c.pdk.sandboxes.create({ backend: 'microvm', memoryMiB: 256, image: 'busybox', workspace: img.name });
+  t.teardown(() => vm.kill().catch(() => {}));
+  const before = (await layerStats(c.pdk, node)).layers.find((l) => l.digest === ws.digest)!;
+  t.true(before.fetchedBytes < ws.size / 4, `fetched ${before.fetchedBytes} of ${ws.size} before the guest read its file`);
+  t.is((await vm.exec(['cat', '/data/small'])).stdout, 'hello\n');
+  const r = await vm.exec(['sh', '-c', 'md5sum /data/big | cut -c1-32']);
+  const { createHash } = await import('node:crypto');
+  t.is(r.stdout.trim(), createHash('md5').update(big).digest('hex'));
+  const after = (await layerStats(c.pdk, node)).layers.find((l) => l.digest === ws.digest)!;
+  t.true(after.fetchedBytes >= big.length && after.fetchedBytes <= ws.size + 64 * 1024, `fetched ${after.fetchedBytes} of ${ws.size}`);
+  t.is(after.errors, 0);
 });
 
 test('bad bytes: eager refuses a corrupt blob before mounting; lazy gives the reader EIO for a corrupt chunk', async (t) => {

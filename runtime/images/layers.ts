@@ -137,12 +137,15 @@ export class LayerManager {
   }
 
   /**
-   * The layer as a whole local file, not mounted on the host (a VM attaches it as a read-only
-   * disk and mounts it in its own kernel); counted in the cache like a mount until `releaseFile`.
+   * The layer as a file, not mounted on the host (a VM attaches it as a read-only disk and mounts
+   * it in its own kernel): the local copy, or in lazy mode the FUSE file whose bytes come from the
+   * store as the guest reads them, as for a mount. QEMU opens it as root before it drops to its
+   * user (microvm/jail.ts): a FUSE mount of root's serves root alone. Counted in the cache like a
+   * mount until `releaseFile`.
    */
   async acquireFile(ref: LayerRef): Promise<string> {
     const digest = `sha256:${hexOf(ref.digest)}`;
-    const got = await this.call<{ path: string; local: boolean }>({ op: 'acquire', ref: { digest, size: ref.size, index: ref.index, chunk: ref.chunk }, mode: 'eager' });
+    const got = await this.call<{ path: string; local: boolean }>({ op: 'acquire', ref: { digest, size: ref.size, index: ref.index, chunk: ref.chunk }, mode: this.o.mode });
     return got.path;
   }
 
