@@ -123,6 +123,8 @@ export const ENV_DOC: Record<string, string> = {
   PADDOCK_BACKENDS: 'sandbox backends this node offers, comma-separated: container, microvm, fullvm, sim (default container)',
   PADDOCK_MICROVM_ACCEL: 'microvm backend: kvm or tcg (default: KVM when /dev/kvm exists and a guest boots under it, else TCG)',
   PADDOCK_MICROVM_SPARES: 'microvm backend: QEMU processes kept started, template state loaded, per template for the next create (default 1)',
+  PADDOCK_MICROVM_BALLOON: 'microvm and fullvm backends: 0 turns off virtio-balloon free-page reporting (default on: pages a guest frees go back to the host)',
+  PADDOCK_VMM_OVERHEAD_MIB: 'microvm and fullvm backends: MiB a VMM\'s cgroup may hold above its guest\'s RAM (default 192)',
   PADDOCK_FULLVM_ACCEL: 'fullvm backend: kvm or tcg (default: as PADDOCK_MICROVM_ACCEL)',
   PADDOCK_FULLVM_SPARES: 'fullvm backend: QEMU processes kept started per desktop template (default 1)',
   PADDOCK_FULLVM_VIEW: "fullvm backend: host:port of the live views' web server (noVNC and the RFB WebSocket; default 127.0.0.1 on a free port)",

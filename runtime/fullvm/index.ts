@@ -41,6 +41,7 @@ export const fullvmPlugin: BackendPlugin = {
       log: ctx.log,
       accel: ctx.env.PADDOCK_FULLVM_ACCEL || ctx.env.PADDOCK_MICROVM_ACCEL || undefined,
       spares: ctx.env.PADDOCK_FULLVM_SPARES === undefined ? undefined : Number(ctx.env.PADDOCK_FULLVM_SPARES),
+      balloon: ctx.env.PADDOCK_MICROVM_BALLOON !== '0',
       view: viewListen(ctx.env.PADDOCK_FULLVM_VIEW),
     });
     await b.init();

@@ -78,6 +78,12 @@ export interface MicrovmBackendOptions {
   accel?: string;
   /** VMMs kept started and waiting per template (0: start one per create). */
   spares?: number;
+  /**
+   * virtio-balloon with free-page reporting (default on): pages the guest frees go back to the
+   * host (QEMU discards them: a clone's private copy is dropped and the template's page shows
+   * through again). Off only to measure what it saves (bench:microvm --memory).
+   */
+  balloon?: boolean;
   /** The machine and the kernel it boots: microvm (default, the cloud kernel) or q35 with a display (full VMs, the generic kernel). */
   machine?: 'microvm' | 'q35';
 }
@@ -251,6 +257,7 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore {
       // something: then the node relays it to the sandbox's tap (netrelay.c).
       '-netdev', `stream,id=net,server=on,addr.type=unix,addr.path=${sockPath(dir, 'net.sock')}`,
       '-device', `virtio-net-${bus},netdev=net,mac=52:54:00:00:00:01`,
+      ...(this.o.balloon === false ? [] : ['-device', `virtio-balloon-${bus},free-page-reporting=on`]),
       '-qmp', `unix:${sockPath(dir, 'qmp.sock')},server=on,wait=off`,
       '-pidfile', join(dir, 'qemu.pid'),
       '-name', `paddock-${this.o.nodeId}`,
@@ -329,7 +336,7 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore {
 
   private template(shape: Shape, refs: LayerRef[], image: ImageManifest): Promise<Template> {
     const key = createHash('sha256')
-      .update(JSON.stringify({ boot: this.boot!.key, digests: refs.map((r) => r.digest), m: shape.memoryMiB, c: shape.cpus, d: shape.diskMiB, a: this.accel, s: shape.screen, k: this.kind, M: this.machineArg }))
+      .update(JSON.stringify({ boot: this.boot!.key, digests: refs.map((r) => r.digest), m: shape.memoryMiB, c: shape.cpus, d: shape.diskMiB, a: this.accel, s: shape.screen, k: this.kind, M: this.machineArg, b: this.o.balloon !== false }))
       .digest('hex')
       .slice(0, 20);
     let t = this.templates.get(key);

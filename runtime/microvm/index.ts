@@ -36,6 +36,7 @@ export const microvmPlugin: BackendPlugin = {
       log: ctx.log,
       accel: ctx.env.PADDOCK_MICROVM_ACCEL || undefined,
       spares: ctx.env.PADDOCK_MICROVM_SPARES === undefined ? undefined : Number(ctx.env.PADDOCK_MICROVM_SPARES),
+      balloon: ctx.env.PADDOCK_MICROVM_BALLOON !== '0',
     });
     await b.init();
     return b;

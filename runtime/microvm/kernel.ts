@@ -6,7 +6,7 @@
  * /boot carries it xz-compressed, so the ELF is cut out of it (what the kernel tree's
  * scripts/extract-vmlinux does). The initramfs is a newc cpio of Paddock's static init and agent
  * (agent.c) and the modules it loads, in dependency order from modules.dep (this kernel has
- * virtio, virtio-mmio, virtio-console, virtio-blk, virtio-net, erofs and overlayfs as modules).
+ * virtio, virtio-mmio, virtio-console, virtio-blk, virtio-net, virtio-balloon, erofs and overlayfs as modules).
  */
 import { spawn } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
@@ -29,9 +29,9 @@ const AGENT_SOURCE = sourceFile('runtime/microvm/agent.c');
 export type KernelFlavour = 'cloud' | 'generic';
 
 const MODULES: Record<KernelFlavour, string[]> = {
-  cloud: ['virtio_mmio', 'virtio_console', 'virtio_blk', 'virtio_net', 'erofs', 'overlay'],
+  cloud: ['virtio_mmio', 'virtio_console', 'virtio_blk', 'virtio_net', 'virtio_balloon', 'erofs', 'overlay'],
   // libcrc32c (erofs needs it) finds no crc32c algorithm without modprobe: its generic driver first.
-  generic: ['crc32c_generic', 'virtio_pci', 'virtio_console', 'virtio_blk', 'virtio_net', 'erofs', 'overlay', 'bochs', 'virtio_input', 'evdev'],
+  generic: ['crc32c_generic', 'virtio_pci', 'virtio_console', 'virtio_blk', 'virtio_net', 'virtio_balloon', 'erofs', 'overlay', 'bochs', 'virtio_input', 'evdev'],
 };
 
 export interface GuestBoot {
