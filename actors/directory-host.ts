@@ -8,6 +8,7 @@
 import { type KV, Kvm } from '@nats-io/kv';
 import { type NatsConnection, RequestError } from '@nats-io/transport-node';
 import type { Logger } from 'pino';
+import { request } from '../protocol/connection.ts';
 import {
   Buckets,
   check,
@@ -18,15 +19,14 @@ import {
   PLACEMENT_QUEUE,
   ProtocolError,
   type Reply,
-  Schema,
   type SandboxInfo,
+  Schema,
   type SnapshotInfo,
   type SnapshotsDeleteReply,
   scanKv,
   selectSandboxes,
   subjects,
 } from '../protocol/index.ts';
-import { request } from '../protocol/connection.ts';
 import { traceHeaders } from '../protocol/trace.ts';
 import { serve } from './bind.ts';
 
@@ -135,14 +135,16 @@ export class DirectoryHost {
     if (!rec) throw new ProtocolError('NOT_FOUND', `no snapshot ${id} (pdk.v1.snapshots.list lists them)`, { detail: { field: 'fromSnapshot', snapshot: id } });
     const merged: Record<string, unknown> = { ...spec };
     // A snapshot of a container's files is an image in the store: any node, any size; the
-    // snapshot's size is the default. A VM's state loads only into its machine, on its node.
+    // snapshot's size is the default. A VM's state loads only into its machine: on its node, or on
+    // any node once the state is in the store too.
     const files = rec.backend === 'container';
+    const anyNode = files || rec.state !== undefined;
     for (const f of FROM_SNAPSHOT) {
       const want = rec[f];
       const given = spec[f];
-      const free = files && (f === 'memoryMiB' || f === 'cpu' || f === 'diskMiB' || f === 'node');
+      const free = (files && (f === 'memoryMiB' || f === 'cpu' || f === 'diskMiB')) || (anyNode && f === 'node');
       if (given === undefined || given === null) {
-        if (want !== undefined && !(files && f === 'node')) merged[f] = want;
+        if (want !== undefined && !(anyNode && f === 'node')) merged[f] = want;
       } else if (!free && JSON.stringify(given) !== JSON.stringify(want)) {
         throw new ProtocolError('INVALID_SPEC', `${f}: snapshot ${id} ${f === 'node' ? 'is on node' : `was taken of a sandbox with ${f}`} ${JSON.stringify(want)}, not ${JSON.stringify(given)}`, { detail: { field: f } });
       }

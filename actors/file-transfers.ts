@@ -15,7 +15,7 @@
  */
 import type { NatsConnection } from '@nats-io/transport-node';
 import type { Logger } from 'pino';
-import { encode, type FileWatchEvent, type FilesDownloadReply, type FilesDownloadRequest, type FilesUploadReply, type FilesUploadRequest, type FilesWatchRequest, Limits, ProtocolError, toWireError } from '../protocol/index.ts';
+import { encode, type FilesDownloadReply, type FilesDownloadRequest, type FilesUploadReply, type FilesUploadRequest, type FilesWatchRequest, type FileWatchEvent, Limits, ProtocolError, toWireError } from '../protocol/index.ts';
 import type { SandboxFiles, TreeUpload } from '../runtime/backend.ts';
 
 /** A transfer with no request for this long is dropped. */

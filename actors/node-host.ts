@@ -9,6 +9,7 @@
  * images, the command log and the clock. The node's composition root (ops/node-process.ts) opens
  * them.
  */
+import { randomBytes } from 'node:crypto';
 import type { KV } from '@nats-io/kv';
 import type { NatsConnection, Subscription } from '@nats-io/transport-node';
 import type { Logger } from 'pino';
@@ -47,7 +48,7 @@ import {
   validateNodeGroup,
 } from '../protocol/index.ts';
 import { Attr } from '../protocol/trace.ts';
-import { canSnapshot, keepsSnapshots } from '../runtime/backend.ts';
+import { canSnapshot, keepsSnapshots, movesSnapshots } from '../runtime/backend.ts';
 import type { BackendSet } from '../runtime/backends.ts';
 import type { NodeConfig } from '../runtime/config.ts';
 import type { NodeImages } from '../runtime/images/node-images.ts';
@@ -110,6 +111,8 @@ interface HeldSnapshot {
   name: string;
   /** A fork's: not listed, removed once the copies have loaded it. */
   temporary?: boolean;
+  /** Another node's snapshot fetched through the image store for one create: its files go after it. */
+  imported?: boolean;
 }
 
 const MiB = 1024 * 1024;
@@ -396,8 +399,18 @@ export class NodeHost {
   }
 
   private async createNew(id: string, spec: SandboxSpec, from?: HeldSnapshot): Promise<CreateReply> {
-    const open = this.deps.backends.for(spec.backend, this.id);
     const snap = from ?? (spec.fromSnapshot === undefined ? undefined : await this.snapshotFor(spec));
+    try {
+      return await this.createFrom(id, spec, snap);
+    } finally {
+      // Fetched for this create alone: the sandbox has loaded it, or never will.
+      const b = snap?.imported ? this.deps.backends.get(snap.info.backend)?.backend : undefined;
+      if (snap && b && keepsSnapshots(b)) await b.deleteSnapshot(snap.name).catch(() => {});
+    }
+  }
+
+  private async createFrom(id: string, spec: SandboxSpec, snap: HeldSnapshot | undefined): Promise<CreateReply> {
+    const open = this.deps.backends.for(spec.backend, this.id);
 
     // Refused before the spec's images are looked up: a trainer's creates past capacity cost the node little.
     const refused = this.refusalFor(spec, open.capacity);
@@ -509,9 +522,10 @@ export class NodeHost {
   private async snapshotFor(spec: SandboxSpec): Promise<HeldSnapshot> {
     const id = spec.fromSnapshot as string;
     let held = this.snaps.get(id);
-    // A snapshot of a container's files is an image in the store: any node that reads it can start from it.
-    if (!held && spec.backend === 'container') held = await this.storedSnapshot(id);
-    if (!held || held.temporary) throw new ProtocolError('NOT_FOUND', `no snapshot ${id} on node ${this.id}`, { detail: { snapshot: id, node: this.id } });
+    // A snapshot of a container's files is an image in the store: any node that reads it can start
+    // from it; another node's VM snapshot whose state is in the store is fetched for this create.
+    if (!held) held = await this.storedSnapshot(id);
+    if (!held || (held.temporary && !held.imported)) throw new ProtocolError('NOT_FOUND', `no snapshot ${id} on node ${this.id}`, { detail: { snapshot: id, node: this.id } });
     const want = snapshotSpec(held.info);
     for (const f of SNAPSHOT_FIXES) {
       // Only a VM's state needs the machine it was taken of; a container's files fit any size.
@@ -522,14 +536,23 @@ export class NodeHost {
     return held;
   }
 
-  /** Another node's snapshot of a container's files, from the snapshot table. */
+  /**
+   * Another node's snapshot, from the snapshot table: a container's files (an image in the store),
+   * or a VM's state in the store, fetched to this node's disk under a name of its own.
+   */
   private async storedSnapshot(id: string): Promise<HeldSnapshot | undefined> {
     const e = await this.deps.snapshots?.get(id).catch((err: unknown) => {
       throw unavailable(err, 'the snapshot table');
     });
     if (e?.operation !== 'PUT') return undefined;
     const info = decode(e.value) as SnapshotInfo;
-    return info.backend === 'container' ? { info, name: info.id } : undefined;
+    if (info.backend === 'container') return { info, name: info.id };
+    const b = this.deps.backends.get(info.backend)?.backend;
+    if (!info.state || !b || !movesSnapshots(b)) return undefined;
+    const name = `imp-${info.id}-${randomBytes(4).toString('hex')}`;
+    await b.importSnapshot(name, info.state);
+    this.log.info({ snapshot: id, from: info.node, bytes: info.state.size }, 'VM snapshot fetched from the image store');
+    return { info, name, temporary: true, imported: true };
   }
 
   /** The snapshot and fork verbs of this node's sandboxes. */
@@ -578,6 +601,15 @@ export class NodeHost {
       // Larger than its VM's memory (video memory, say): it would overrun the budget, so it goes.
       await this.dropSnapshot(held);
       throw this.overBudget(h.id, info.bytes);
+    }
+    // A VM's state into the image store as well, after the VM runs on: any node of the same
+    // machine can start from it, and a migratable VM moves through it. Without it, it stays here.
+    if (!temporary && movesSnapshots(backend)) {
+      try {
+        info.state = await backend.exportSnapshot(held.name);
+      } catch (err) {
+        this.log.warn({ err, snapshot: info.id }, 'a VM snapshot could not be copied to the image store: only this node can start from it');
+      }
     }
     if (!temporary && this.deps.snapshots) {
       try {
@@ -636,6 +668,8 @@ export class NodeHost {
    * temporary one, and records of snapshots whose files are gone, are removed.
    */
   private async loadSnapshots(): Promise<void> {
+    const kv = this.deps.snapshots;
+    const records = new Map(kv ? (await scanKv<SnapshotInfo>(kv)).map((e) => [e.key, e.value] as const) : []);
     for (const { backend } of this.deps.backends.all()) {
       if (!keepsSnapshots(backend)) continue;
       for (const s of await backend.listSnapshots()) {
@@ -644,12 +678,13 @@ export class NodeHost {
           await backend.deleteSnapshot(s.snapshot);
           continue;
         }
-        this.snaps.set(m.info.id, { info: { ...m.info, bytes: s.bytes }, name: s.snapshot });
+        // Its copy in the image store was made after the files (and their meta) were written.
+        const state = records.get(m.info.id)?.state;
+        this.snaps.set(m.info.id, { info: { ...m.info, bytes: s.bytes, ...(state ? { state } : {}) }, name: s.snapshot });
       }
     }
-    const kv = this.deps.snapshots;
     if (!kv) return;
-    for (const { key, value } of await scanKv<SnapshotInfo>(kv)) {
+    for (const [key, value] of records) {
       if (value.node === this.id && !this.snaps.has(key)) await kv.delete(key);
     }
     for (const s of this.snaps.values()) await kv.put(s.info.id, encode(s.info));

@@ -11,8 +11,9 @@
  * The table lives in the node's memory: a node restart ends its sandboxes (reason
  * `node_restarted`) and their processes with them, so nothing here needs to outlive it.
  */
-import { EXEC_KILLED, type ExecOutcome, type RunningProcess } from '../runtime/backend.ts';
+
 import { Limits, type ProcessEvent, type ProcessInfo, ProtocolError } from '../protocol/index.ts';
+import { EXEC_KILLED, type ExecOutcome, type RunningProcess } from '../runtime/backend.ts';
 
 type Which = 'out' | 'err';
 

@@ -24,11 +24,11 @@ import {
   type Reply,
   type RolloutRecord,
   type RolloutsStepsReply,
-  type RolloutView,
   type RolloutVerb,
   RolloutVerbs,
-  Schema,
+  type RolloutView,
   type SandboxInfo,
+  Schema,
   subjects,
 } from '../protocol/index.ts';
 import { decodeRolloutRecord, type ResultRecord, type StartedRecord, type StepRecord } from '../protocol/records.ts';

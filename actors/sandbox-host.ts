@@ -2,26 +2,27 @@
  * Binds one sandbox actor to NATS: it subscribes to `pdk.v1.sb.<id>.>`, turns verbs into events
  * or backend calls, and publishes every transition as an event and a directory record.
  */
-import { constants as osConstants, cpus } from 'node:os';
+import { cpus, constants as osConstants } from 'node:os';
 import type { KV } from '@nats-io/kv';
 import type { NatsConnection, Subscription } from '@nats-io/transport-node';
 import { context, type Span, SpanKind, SpanStatusCode, trace } from '@opentelemetry/api';
 import type { Logger } from 'pino';
 import { type Actor, type ActorOptions, type ActorSystem, createActor, fromPromise } from 'xstate';
+import type { StepJournal } from '../chronus/journal.ts';
 import {
   type Capability,
+  decode,
   type EndReason,
   type ExecEvent,
   type ExecResult,
   type ExecVerdict,
-  decode,
+  encode,
   type ForkReply,
   type ForkRequest,
-  encode,
+  isSandboxVerb,
   Limits,
   type ProcessEvent,
   type ProcessInfo,
-  isSandboxVerb,
   ProtocolError,
   parseSandboxSubject,
   type SandboxInfo,
@@ -37,15 +38,14 @@ import {
   validateSandboxRequest,
   validateStep,
 } from '../protocol/index.ts';
-import type { StepJournal } from '../chronus/journal.ts';
+import { Attr } from '../protocol/trace.ts';
 import { type Backend, canForwardPorts, canSnapshot, type Display, EXEC_KILLED, type ExecOptions, type ExecOutcome, hasDisplay, hasProcesses, type Processes } from '../runtime/backend.ts';
 import { Semaphore } from '../runtime/limit.ts';
-import { Attr } from '../protocol/trace.ts';
 import { type Request, STREAMED, serve, tracer } from './bind.ts';
 import { ExecStream, STREAM_KEEP_MS } from './exec-stream.ts';
-import { PortSessions } from './port-sessions.ts';
 import { FileTransfers } from './file-transfers.ts';
 import type { Inspector } from './inspect.ts';
+import { PortSessions } from './port-sessions.ts';
 import { ProcessTable } from './processes.ts';
 import { allows, isAsleep, isFinal, publicState, type SandboxContext, type SandboxEvent, sandboxMachine } from './sandbox.ts';
 

@@ -18,8 +18,8 @@ import { isErrorCode, ProtocolError, type WireError } from './errors.ts';
 import type { ExecResult, RolloutRecord } from './schema.ts';
 import { isToken } from './subjects.ts';
 
-export type { RolloutRecord } from './schema.ts';
 export { newRolloutId } from './ids.ts';
+export type { RolloutRecord } from './schema.ts';
 
 /** The version new records are written with. */
 export const RECORD_VERSION = 1;

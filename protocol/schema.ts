@@ -162,11 +162,11 @@ export const SandboxSpec = Type.Object(
     migratable: Type.Optional(
       Type.Boolean({
         description:
-          "a node drained with `migrate` may move it to another node (containers only): its files go over as a snapshot, and a new sandbox with its spec, labels and the rest of its TTL starts from them there; its processes start afresh. The old one ends `stopped`, reason `migrated`, with `movedTo`; the SDK's handle follows it",
+          "a node drained with `migrate` may move it to another node: a container's files go over as a snapshot through the image store (its processes start afresh), a VM's whole state (processes and memory too) as a snapshot whose state goes through the image store; a new sandbox with its spec, labels and the rest of its TTL starts from it there. The old one ends `stopped`, reason `migrated`, with `movedTo`; the SDK's handle follows it",
       }),
     ),
     fromSnapshot: Type.Optional(
-      Token('start as a copy of this snapshot (`pdk.v1.snapshots.list`): backend, image, toolkit, workspace, memoryMiB, cpu and diskMiB come from it when not given; a VM snapshot fixes them all and runs on the node that holds it, a container snapshot fixes only the images and runs on any node reading its image store (a different fixed value is INVALID_SPEC)', 'must be a snapshot id'),
+      Token('start as a copy of this snapshot (`pdk.v1.snapshots.list`): backend, image, toolkit, workspace, memoryMiB, cpu and diskMiB come from it when not given; a VM snapshot fixes them all and runs on the node that holds it, or on any node of the same machine once its state is in the image store (`state`), a container snapshot fixes only the images and runs on any node reading its image store (a different fixed value is INVALID_SPEC)', 'must be a snapshot id'),
     ),
   },
   { $id: 'SandboxSpec', additionalProperties: false, errorMessage: 'must be a map' },
@@ -672,7 +672,7 @@ export const NetworkSetReply = Type.Object({ policy: NetworkPolicy }, { $id: 'Ne
 export const SnapshotInfo = Type.Object(
   {
     id: Type.String({ description: 'the snapshot id: `spec.fromSnapshot` of a create' }),
-    node: Type.String({ description: 'the node that took it: sandboxes made from a VM snapshot run there, from a container snapshot on any node reading the same image store' }),
+    node: Type.String({ description: 'the node that took it: sandboxes made from a VM snapshot run there unless its state is in the image store, from a container snapshot on any node reading the same image store' }),
     backend: literals(Backends),
     image: Type.String(),
     toolkit: Type.Optional(Type.String()),
@@ -684,6 +684,16 @@ export const SnapshotInfo = Type.Object(
     from: Type.String({ description: 'the sandbox it was taken of (it may have ended since)' }),
     bytes: Type.Integer({ minimum: 0, description: 'its size: the VM state on the node’s disk, or the container layer in the store' }),
     createdAt: Ms('ms since the epoch'),
+    state: Type.Optional(
+      Type.Object(
+        {
+          digest: Type.String({ description: 'sha256:<hex> of the state file, a blob in the image store' }),
+          size: Type.Integer({ minimum: 0 }),
+          machine: Type.String({ description: 'the machine it loads into: its kernel, agent, devices, memory, CPUs and layers (a node whose template of the spec differs refuses it)' }),
+        },
+        { description: "a VM snapshot's state copied into the image store: any node reading that store (of the same machine) starts sandboxes from it, and a migratable VM moves through it" },
+      ),
+    ),
   },
   { $id: 'SnapshotInfo' },
 );

@@ -2,8 +2,9 @@
  * Trace context on the wire: W3C `traceparent` (and `tracestate`) travel in NATS message headers.
  * With no OpenTelemetry SDK registered these are no-ops, so a trainer pays nothing for them.
  */
+
+import { type MsgHdrs, headers as natsHeaders } from '@nats-io/transport-node';
 import { type Context, context, propagation, type TextMapGetter, type TextMapSetter } from '@opentelemetry/api';
-import { headers as natsHeaders, type MsgHdrs } from '@nats-io/transport-node';
 
 const setter: TextMapSetter<MsgHdrs> = {
   set: (carrier, key, value) => carrier.set(key, value),

@@ -13,15 +13,31 @@ import { Limits } from './limits.ts';
 import { validateNetworkPolicy } from './network.ts';
 import {
   ComputerAction,
-  DisplayViewRequest,
   CreateRequest,
+  DisplayViewRequest,
   DrainRequest,
   Empty,
   ExecCancelRequest,
-  ExecResumeRequest,
   ExecRequest,
+  ExecResumeRequest,
+  FilesDownloadRequest,
+  FilesListRequest,
+  FilesReadRequest,
+  FilesRemoveRequest,
+  FilesUploadRequest,
+  FilesWatchLeaseRequest,
+  FilesWatchRequest,
+  FilesWriteRequest,
   type FnCompareMode,
+  FnInvokeRequest,
+  type FnLanguage,
+  type FnLimits,
   ForkRequest,
+  KillRequest,
+  LifecycleRequest,
+  NamedSchemas,
+  NetworkSetRequest,
+  NodeGroupRequest,
   PortsCloseRequest,
   PortsConnectRequest,
   PortsSendRequest,
@@ -34,22 +50,6 @@ import {
   ProcessResizeRequest,
   ProcessStartRequest,
   ProcessWaitRequest,
-  FnInvokeRequest,
-  type FnLanguage,
-  type FnLimits,
-  FilesListRequest,
-  FilesReadRequest,
-  FilesRemoveRequest,
-  FilesWriteRequest,
-  FilesUploadRequest,
-  FilesDownloadRequest,
-  FilesWatchRequest,
-  FilesWatchLeaseRequest,
-  KillRequest,
-  LifecycleRequest,
-  NamedSchemas,
-  NetworkSetRequest,
-  NodeGroupRequest,
   SandboxPath,
   SandboxSpec,
   TOKEN_PATTERN,
@@ -264,8 +264,8 @@ export function validateSpec(input: unknown): SandboxSpec {
   const spec = check(SandboxSpec, input, 'INVALID_SPEC', 'spec');
   envBytes('env', spec.env, 'INVALID_SPEC');
   if (spec.network !== undefined) spec.network = validateNetworkPolicy(spec.network);
-  if (spec.migratable && spec.backend !== 'container') {
-    throw new ProtocolError('INVALID_SPEC', `migratable: only container sandboxes move between nodes (their files go through the image store); a ${spec.backend}'s state stays on its node`, { detail: { field: 'migratable' } });
+  if (spec.migratable && spec.backend !== 'container' && spec.backend !== 'microvm' && spec.backend !== 'fullvm') {
+    throw new ProtocolError('INVALID_SPEC', `migratable: a ${spec.backend} sandbox has no state to move between nodes (containers, microVMs and full VMs do)`, { detail: { field: 'migratable' } });
   }
   return spec;
 }

@@ -10,6 +10,7 @@ import type { Logger } from 'pino';
 import type { BackendKind, ComputerAction, ExecVerdict, FileChange, FileEntry, NetworkPolicy, Resources, SandboxSpec, SandboxStats } from '../protocol/index.ts';
 import type { NodeConfig } from './config.ts';
 import type { NodeImages } from './images/node-images.ts';
+import type { ImageManifest, LayerRef } from './images/store.ts';
 
 export interface ExecOptions {
   cmd: string[];
@@ -156,6 +157,34 @@ export interface Snapshotting {
   restoreFrom(snapshot: string, newId: string, spec: SandboxSpec): Promise<void>;
   /** A new sandbox `newId` that starts as a copy of the running `id`. */
   fork(id: string, newId: string, spec: SandboxSpec): Promise<void>;
+}
+
+/** What snapshots need of the image store: a container's files as a layer, a VM's state as a blob. */
+export interface SnapshotImages {
+  /** Uploads a finished blob file; its reference. */
+  pushLayer(file: string): Promise<LayerRef>;
+  get(name: string): Promise<ImageManifest | null>;
+  put(m: ImageManifest): Promise<ImageManifest>;
+  remove(name: string): Promise<void>;
+}
+
+/** Where a VM snapshot's state is in the image store, and the machine it loads into. */
+export interface StoredState {
+  digest: string;
+  size: number;
+  machine: string;
+}
+
+/** Snapshots that move between nodes through the image store (beside SnapshotStore). */
+export interface MovableSnapshots {
+  /** Copies snapshot `name`'s state into the image store, kept there until the snapshot is deleted. */
+  exportSnapshot(name: string): Promise<StoredState>;
+  /** Fetches another node's snapshot into this node's disk under `name` (removed with deleteSnapshot). */
+  importSnapshot(name: string, state: StoredState): Promise<void>;
+}
+
+export function movesSnapshots(b: Backend): b is Backend & Snapshotting & SnapshotStore & MovableSnapshots {
+  return typeof (b as Partial<MovableSnapshots>).exportSnapshot === 'function' && typeof (b as Partial<MovableSnapshots>).importSnapshot === 'function';
 }
 
 /** Snapshots kept as files on the node's disk (beside Snapshotting): listed after a restart, removed by name. */

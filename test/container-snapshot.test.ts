@@ -196,9 +196,9 @@ test.serial('drain --migrate moves migratable sandboxes, files and all, to the o
   t.deepEqual(again.notMigrated, {});
 });
 
-test('migratable is for containers: on a VM backend it is INVALID_SPEC, and a drain request is checked', async (t) => {
+test('migratable is for backends with state to move: on the simulated one it is INVALID_SPEC, and a drain request is checked', async (t) => {
   const { pdk, cluster } = t.context;
-  await t.throwsAsync(pdk.sandboxes.create({ backend: 'microvm', migratable: true }), { code: 'INVALID_SPEC', message: /migratable/ } as never);
+  await t.throwsAsync(pdk.sandboxes.create({ backend: 'sim', migratable: true }), { code: 'INVALID_SPEC', message: /migratable/ } as never);
   const n1 = cluster.nodes[0];
   if (!n1) return t.fail('a node');
   const m = await connectionOf(pdk).request(subjects.node(n1.id, 'drain'), encode({ migrate: 'yes' }), { timeout: 5000 });

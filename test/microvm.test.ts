@@ -16,6 +16,7 @@ import { hexOf, ImageStore, type LayerRef } from '../runtime/images/store.ts';
 import { AgentChannel, T } from '../runtime/microvm/channel.ts';
 import { MicrovmBackend } from '../runtime/microvm/index.ts';
 import { VMM_OVERHEAD_MIB } from '../runtime/microvm/jail.ts';
+import { readText } from '../runtime/sync-read.ts';
 import type { Sandbox, SnapshotInfo } from '../sdk/index.ts';
 import { type ClusterContext, restartNode, SHARED_IMAGES, startTestCluster, stopTestCluster } from './helpers/cluster.ts';
 import { eventually } from './helpers/wait.ts';
@@ -176,7 +177,8 @@ test('free-page reporting: memory the guest fills and frees goes back to the hos
   const { pdk, home } = t.context;
   const sb = await pdk.sandboxes.create({ backend: 'microvm', memoryMiB: 512 });
   t.teardown(() => sb.kill().catch(() => {}));
-  const pid = qemuPids(home).find((p) => readFileSync(join(vmm(p).dir, 'meta.json'), 'utf8').includes(`"${sb.id}"`));
+  // Spares waiting for the next create have no meta.json yet.
+  const pid = qemuPids(home).find((p) => (readText(join(vmm(p).dir, 'meta.json')) ?? '').includes(`"${sb.id}"`));
   if (!pid) return t.fail('no QEMU for the sandbox');
   // Pages of its own (written since it was cloned from its template), as QEMU holds them.
   const anon = () => Number(/^Anonymous:\s+(\d+) kB/m.exec(readFileSync(`/proc/${pid}/smaps_rollup`, 'utf8'))?.[1]) * 1024;

@@ -24,7 +24,7 @@ import { join } from 'node:path';
 import { Duplex } from 'node:stream';
 import type { Logger } from 'pino';
 import { diskMiBOf, type NetworkPolicy, ProtocolError, type SandboxSpec, type SandboxStats } from '../../protocol/index.ts';
-import type { Backend, ExecOptions, ExecOutcome, HibernateOutcome, PortForwarding, Processes, ProcessOptions, RunningProcess, SnapshotStore, Snapshotting } from '../backend.ts';
+import type { Backend, ExecOptions, ExecOutcome, HibernateOutcome, PortForwarding, Processes, ProcessOptions, RunningProcess, SnapshotImages, SnapshotStore, Snapshotting } from '../backend.ts';
 import { type CgroupMode, cgroupDir, detectCgroups, favorDynamicCgroups, isMountPoint, v1Hierarchies } from '../cgroups.ts';
 import { RootFiles } from '../files.ts';
 import { type IdRange, IdRanges, traversable } from '../ids.ts';
@@ -65,14 +65,6 @@ export interface ContainerBackendOptions {
   store?: SnapshotImages;
 }
 
-/** What snapshots of files need of the image store. */
-export interface SnapshotImages {
-  /** Uploads a finished blob file; its reference. */
-  pushLayer(file: string): Promise<LayerRef>;
-  get(name: string): Promise<ImageManifest | null>;
-  put(m: ImageManifest): Promise<ImageManifest>;
-  remove(name: string): Promise<void>;
-}
 
 /** What a snapshot of a sandbox's files keeps on the node beside the image it made (snapshots/<name>.json). */
 interface SnapshotRecord {

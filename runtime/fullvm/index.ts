@@ -38,6 +38,7 @@ export const fullvmPlugin: BackendPlugin = {
       binDir: ctx.cfg.binDir,
       layers: ctx.images.layers,
       resolve: (spec) => ctx.images.forSpec(spec),
+      store: ctx.images.snapshotImages,
       log: ctx.log,
       accel: ctx.env.PADDOCK_FULLVM_ACCEL || ctx.env.PADDOCK_MICROVM_ACCEL || undefined,
       spares: ctx.env.PADDOCK_FULLVM_SPARES === undefined ? undefined : Number(ctx.env.PADDOCK_FULLVM_SPARES),

@@ -25,12 +25,12 @@
 import { type ChildProcess, spawn } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
 import { existsSync, mkdirSync, readFileSync } from 'node:fs';
-import { chmod, chown, mkdir, readdir, readFile, rename, rm, stat, writeFile } from 'node:fs/promises';
+import { chmod, chown, copyFile, mkdir, readdir, readFile, rename, rm, stat, writeFile } from 'node:fs/promises';
 import { constants as osConstants } from 'node:os';
 import { basename, dirname, join } from 'node:path';
 import type { Logger } from 'pino';
 import { diskMiBOf, type FileEntry, Limits, type NetworkPolicy, ProtocolError, type SandboxSpec, type SandboxStats } from '../../protocol/index.ts';
-import { type Backend, type ExecOptions, type ExecOutcome, type HibernateOutcome, type SandboxFiles, type SnapshotStore, type Snapshotting, verdictOf } from '../backend.ts';
+import { type Backend, type ExecOptions, type ExecOutcome, type HibernateOutcome, type MovableSnapshots, type SandboxFiles, type SnapshotImages, type SnapshotStore, type Snapshotting, type StoredState, verdictOf } from '../backend.ts';
 import { traversable } from '../ids.ts';
 import type { LayerManager } from '../images/layers.ts';
 import type { ImageManifest, LayerRef } from '../images/store.ts';
@@ -84,6 +84,8 @@ export interface MicrovmBackendOptions {
    * through again). Off only to measure what it saves (bench:microvm --memory).
    */
   balloon?: boolean;
+  /** The image store the node reads: snapshots' states go through it to other nodes (absent: they stay on this node). */
+  store?: SnapshotImages;
   /** The machine and the kernel it boots: microvm (default, the cloud kernel) or q35 with a display (full VMs, the generic kernel). */
   machine?: 'microvm' | 'q35';
 }
@@ -182,7 +184,7 @@ const alive = (pid: number) => {
   }
 };
 
-export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore {
+export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore, MovableSnapshots {
   readonly kind: 'microvm' | 'fullvm' = 'microvm';
   protected readonly root: string;
   protected readonly vms = new Map<string, Vm>();
@@ -856,6 +858,43 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore {
     if (!SNAPSHOT_NAME.test(name)) return;
     await rm(join(this.root, 'snapshots', `${name}.state`), { force: true });
     await rm(join(this.root, 'snapshots', `${name}.json`), { force: true });
+    // Its copy in the store, if it was exported: nothing names the blob any more, the store's gc takes it.
+    if (this.o.store && (await this.o.store.get(stateImage(name)).catch(() => null))) await this.o.store.remove(stateImage(name)).catch(() => {});
+  }
+
+  /**
+   * The state file as a blob in the image store, under an image of its own (`vmstate-<name>`) so
+   * the store keeps it until the snapshot is deleted. The machine is the template key: a node whose
+   * template of the same spec differs (another kernel, agent or QEMU) cannot load it.
+   */
+  async exportSnapshot(name: string): Promise<StoredState> {
+    const store = this.o.store;
+    if (!store) throw new ProtocolError('UNAVAILABLE', 'this node was opened without an image store: its VM snapshots stay on it');
+    const dir = join(this.root, 'snapshots');
+    const meta = JSON.parse(await readFile(join(dir, `${name}.json`), 'utf8')) as { template: string };
+    const ref = await store.pushLayer(join(dir, `${name}.state`));
+    // Never run: an image only so that the store keeps the blob (a manifest must name an init).
+    await store.put({ name: stateImage(name), layers: [ref], env: [], cwd: '/', user: { uid: 0, gid: 0 }, init: ['/vm-state'] });
+    return { digest: ref.digest, size: ref.size, machine: meta.template };
+  }
+
+  /** Another node's exported snapshot, fetched whole through the layer cache into this node's snapshots. */
+  async importSnapshot(name: string, state: StoredState): Promise<void> {
+    if (!SNAPSHOT_NAME.test(name)) throw new ProtocolError('INVALID_REQUEST', `snapshot: bad name '${name}'`);
+    const dir = join(this.root, 'snapshots');
+    const ref: LayerRef = { digest: state.digest, size: state.size };
+    // No chunk index given: the cache downloads it whole and checks it against its digest.
+    const path = await this.o.layers.acquireFile(ref);
+    try {
+      await copyFile(path, join(dir, `${name}.state`));
+      await chmod(join(dir, `${name}.state`), 0o644);
+      await writeFile(join(dir, `${name}.json`), JSON.stringify({ template: state.machine, imported: true }));
+    } catch (e) {
+      await this.deleteSnapshot(name);
+      throw e;
+    } finally {
+      this.o.layers.releaseFile(ref);
+    }
   }
 
   // ─── node lifecycle ───────────────────────────────────────────────────────────────────────
@@ -930,6 +969,9 @@ async function shareReadOnly(dir: string): Promise<void> {
 }
 
 const NETRELAY_SOURCE = sourceFile('runtime/microvm/netrelay.c');
+
+/** The store image that keeps an exported snapshot's state. */
+const stateImage = (name: string) => `vmstate-${name}`;
 
 function lastLines(file: string): string {
   try {
