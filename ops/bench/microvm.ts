@@ -21,32 +21,40 @@
  * guests have freed it (after 10 s). `sharedPeakSavingPct`: how much lower the clones' peak is
  * than the private VMs', with reporting.
  *
+ * `--density MAX` measures instead how many idle microVMs (256 MiB, a quarter CPU each) one node
+ * holds: it creates them one after another until one of these stops it — a create fails, the
+ * host has less than 2 GiB available, a probe VM's exec p50 over its last 5 passes 10× its quiet
+ * p50, or MAX — then hibernates them all and creates again until the same (liveWithHibernated:
+ * hibernated + running). Minutes of the machine to itself.
+ *
  * Progress goes to stderr; stdout carries the table and, with --json, one JSON object as its last
- * line. Not measured here (null in the JSON): the most idle VMs a node holds, which needs the
- * machine to itself for many minutes.
+ * line.
  */
+import { readFile } from 'node:fs/promises';
 import { performance } from 'node:perf_hooks';
 import type { Sandbox } from '../../sdk/index.ts';
 import { cleanUpOnSignals, finishRun, numberArg, progress, runMain, sandboxMaker, startBenchNode, UsageError } from './harness.ts';
 import { round3, summarize } from './stats.ts';
 import { cpuTicks, hibernatedBytes, pss, qemuOf } from './vm-readings.ts';
 
-const USAGE = 'usage: microvm.ts [--starts N] [--execs N] [--memory N] [--json]';
+const USAGE = 'usage: microvm.ts [--starts N] [--execs N] [--memory N] [--density MAX] [--json]';
 
 function parse(argv: string[]) {
   let starts = 20;
   let execs = 50;
   let json = false;
   let memory = 0;
+  let density = 0;
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i];
     if (a === '--json') json = true;
+    else if (a === '--density') ({ value: density, next: i } = numberArg(argv, i, a, USAGE));
     else if (a === '--memory') ({ value: memory, next: i } = numberArg(argv, i, a, USAGE));
     else if (a === '--starts') ({ value: starts, next: i } = numberArg(argv, i, a, USAGE));
     else if (a === '--execs') ({ value: execs, next: i } = numberArg(argv, i, a, USAGE));
     else throw new UsageError(`unknown argument ${a}\n${USAGE}`);
   }
-  return { starts, execs, json, memory };
+  return { starts, execs, json, memory, density };
 }
 
 const ms = (t0: number) => performance.now() - t0;
@@ -111,10 +119,77 @@ async function memoryExperiment(n: number, json: boolean): Promise<void> {
   }
 }
 
+/** How many idle VMs the node holds, running, then counting hibernated ones (see the header). */
+async function density(max: number, json: boolean): Promise<void> {
+  let nodes: { id: string; logFile?: string }[] | undefined;
+  let ok = false;
+  try {
+    // Admission must not be what stops it: room for `max` of them in memory and CPU.
+    const { cluster, pdk } = await startBenchNode({ prefix: 'bmd', env: { PADDOCK_BACKENDS: 'container,microvm', PADDOCK_MEMORY_OVERCOMMIT: '100', PADDOCK_CPU_OVERCOMMIT: '1000' } });
+    nodes = cluster.nodes;
+    const make = sandboxMaker(pdk);
+    const spec = { backend: 'microvm' as const, memoryMiB: 256, cpu: 0.25 };
+    const probe = await make(spec);
+    const pass = async () => {
+      const t = performance.now();
+      await probe.exec(['true']);
+      return ms(t);
+    };
+    const quiet: number[] = [];
+    for (let i = 0; i < 20; i++) quiet.push(await pass());
+    const quietP50 = summarize(quiet).p50;
+    /** Creates until a stop; returns the sandboxes made and why it stopped. */
+    const fill = async (limit: number): Promise<{ made: Sandbox[]; why: string }> => {
+      const made: Sandbox[] = [];
+      const recent: number[] = [];
+      for (;;) {
+        if (made.length >= limit) return { made, why: `reached ${limit}` };
+        const availMiB = Number(/^MemAvailable:\s+(\d+)/m.exec(await readFile('/proc/meminfo', 'utf8'))?.[1]) / 1024;
+        if (availMiB < 2048) return { made, why: `host memory available ${availMiB.toFixed(0)} MiB` };
+        try {
+          made.push(await make(spec, { timeoutMs: 120_000 }));
+        } catch (err) {
+          return { made, why: `create failed: ${(err as Error).message}` };
+        }
+        recent.push(await pass());
+        if (recent.length > 5) recent.shift();
+        const p50 = summarize(recent).p50;
+        if (recent.length === 5 && p50 > 10 * quietP50) return { made, why: `probe exec p50 ${p50.toFixed(0)} ms, 10× its quiet ${quietP50.toFixed(1)} ms` };
+        if (made.length % 10 === 0) progress(`${made.length} running; probe exec p50 ${p50.toFixed(1)} ms`);
+      }
+    };
+    progress(`idle microVMs of 256 MiB until a stop (at most ${max})`);
+    const first = await fill(max);
+    const liveRunning = first.made.length + 1;
+    progress(`${liveRunning} running (${first.why}); hibernating them`);
+    let hibernated = 0;
+    for (const sb of first.made) {
+      try {
+        await sb.hibernate();
+        hibernated++;
+      } catch (err) {
+        progress(`hibernate failed: ${(err as Error).message}`);
+      }
+    }
+    const second = await fill(Math.max(0, max - hibernated));
+    const liveWithHibernated = hibernated + second.made.length + 1;
+    const rows: [string, string, string][] = [
+      ['idle microVMs running', `${liveRunning}`, `stopped by: ${first.why} (target ≥ 300)`],
+      ['counting hibernated ones', `${liveWithHibernated} (${hibernated} hibernated)`, `stopped by: ${second.why} (target ≥ 800)`],
+    ];
+    for (const [k, v, n] of rows) process.stdout.write(`${k.padEnd(30)} ${v.padEnd(24)} ${n}\n`);
+    if (json) process.stdout.write(`${JSON.stringify({ liveRunning, liveWithHibernated, hibernated, stoppedBy: [first.why, second.why], probeQuietP50Ms: round3(quietP50) })}\n`);
+    ok = true;
+  } finally {
+    await finishRun(ok, nodes);
+  }
+}
+
 async function main(): Promise<void> {
   const o = parse(process.argv.slice(2));
   cleanUpOnSignals();
   if (o.memory > 0) return memoryExperiment(o.memory, o.json);
+  if (o.density > 0) return density(o.density, o.json);
   let nodes: { id: string; logFile?: string }[] | undefined;
   let ok = false;
   try {
