@@ -168,6 +168,7 @@ async function density(max: number, json: boolean): Promise<void> {
     let hibernated = 0;
     // Waves: the running ones go to sleep, and new ones are made until a stop, while a wave adds some.
     for (;;) {
+      if (hibernated + wave.made.length + 1 >= max) break;
       progress(`${hibernated + wave.made.length + 1} held (${wave.made.length + 1} running: ${wave.why}); hibernating the running ones`);
       let failed = '';
       for (const sb of wave.made) {
