@@ -950,7 +950,7 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore, Mov
     );
     await Promise.all([...this.vms.keys()].map((id) => this.destroy(id)));
     await this.egress.close();
-    this.jail.close();
+    await this.jail.close();
   }
 }
 

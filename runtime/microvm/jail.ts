@@ -120,8 +120,12 @@ export class VmmJail {
     }
   }
 
-  close(): void {
+  /** Lets go of the users' blocks, and removes this node's (now empty) parent cgroups. */
+  async close(): Promise<void> {
     this.ranges.close();
+    const parts = this.parent.split('/').filter(Boolean);
+    // /paddock-vmm/<node>/<backend>, then /paddock-vmm/<node>: a sibling backend's may still be there (EBUSY).
+    for (let n = parts.length; n > 1; n--) for (const d of this.dirs(`/${parts.slice(0, n).join('/')}`)) await rmdir(d).catch(() => {});
   }
 
   private async empty(path: string): Promise<void> {
