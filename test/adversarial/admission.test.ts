@@ -4,8 +4,8 @@
  */
 import { spawn } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
-import { PaddockError } from '../../sdk/index.ts';
 import type { ExecutionContext } from 'ava';
+import { PaddockError } from '../../sdk/index.ts';
 import { type AdvContext, advTest, only, underAttack } from './harness.ts';
 
 const BURST = fileURLToPath(new URL('./burst.ts', import.meta.url));

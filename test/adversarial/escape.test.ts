@@ -4,9 +4,9 @@ import { readFile, rm, statfs, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
-import { nodeRunPath } from '../helpers/cluster.ts';
 import type { ExecutionContext } from 'ava';
 import type { CreateSpec, Sandbox } from '../../sdk/index.ts';
+import { nodeRunPath } from '../helpers/cluster.ts';
 import { type AdvContext, advTest, only, probeBinary, sustained, underAttack } from './harness.ts';
 
 const test = advTest();

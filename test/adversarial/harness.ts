@@ -137,6 +137,16 @@ export async function sustained(ms: number, once: () => Promise<string>): Promis
   return seen;
 }
 
+/** Whether the sandbox still runs a command after an attack (a killed tree's processes take a moment to be reaped and leave the pids count). */
+export async function stillWorks(sb: Sandbox): Promise<boolean> {
+  for (let i = 0; i < 20; i++) {
+    const r = await sb.exec(['echo', 'ok'], { timeoutMs: 5000 }).catch(() => null);
+    if (r?.stdout === 'ok\n') return true;
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  return false;
+}
+
 /** The one verdict all repetitions agree on, or all of them. */
 export const only = (verdicts: string[]) => (new Set(verdicts).size === 1 ? (verdicts[0] as string) : verdicts.join(','));
 

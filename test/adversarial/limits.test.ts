@@ -7,20 +7,10 @@ import type { ExecutionContext } from 'ava';
 import { decode, encode, subjects } from '../../protocol/index.ts';
 import { connectionOf } from '../../sdk/client.ts';
 import { PaddockError, type Sandbox } from '../../sdk/index.ts';
-import { type AdvContext, advTest, only, probeBinary, sustained, underAttack } from './harness.ts';
+import { type AdvContext, advTest, only, probeBinary, stillWorks, sustained, underAttack } from './harness.ts';
 
 const test = advTest();
 
-
-async function stillWorks(sb: Sandbox): Promise<boolean> {
-  // A killed tree's processes take a moment to be reaped and leave the pids count.
-  for (let i = 0; i < 20; i++) {
-    const r = await sb.exec(['echo', 'ok'], { timeoutMs: 5000 }).catch(() => null);
-    if (r?.stdout === 'ok\n') return true;
-    await new Promise((r) => setTimeout(r, 100));
-  }
-  return false;
-}
 
 test.serial('yes flood: output is capped, the exec ends with OUTPUT_LIMIT', async (t) => {
   const sb = await t.context.pdk.sandboxes.create({ cpu: 1 });

@@ -7,8 +7,7 @@
  * where QEMU or the guest kernel is missing (ops/setup.sh installs both).
  */
 import { existsSync, readdirSync } from 'node:fs';
-import type { Sandbox } from '../../sdk/index.ts';
-import { advTest, only, sustained, underAttack } from './harness.ts';
+import { advTest, only, stillWorks, sustained, underAttack } from './harness.ts';
 
 const ready = existsSync('/usr/bin/qemu-system-x86_64') && readdirSync('/boot').some((n) => /^vmlinuz-.*-cloud-amd64$/.test(n));
 if (!ready) console.log('microVM attacks skipped: needs qemu-system-x86 and linux-image-cloud-amd64');
@@ -16,15 +15,6 @@ const base = advTest({ env: { PADDOCK_BACKENDS: 'container,microvm' } });
 const test = ready ? base.serial : base.skip;
 
 const vm = { backend: 'microvm' as const, cpu: 1, memoryMiB: 256 };
-
-async function stillWorks(sb: Sandbox): Promise<boolean> {
-  for (let i = 0; i < 20; i++) {
-    const r = await sb.exec(['echo', 'ok'], { timeoutMs: 5000 }).catch(() => null);
-    if (r?.stdout === 'ok\n') return true;
-    await new Promise((r) => setTimeout(r, 100));
-  }
-  return false;
-}
 
 test('microvm yes flood: output is capped, the exec ends with OUTPUT_LIMIT', async (t) => {
   const sb = await t.context.pdk.sandboxes.create(vm);
