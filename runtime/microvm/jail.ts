@@ -18,7 +18,7 @@
  * Cgroups are at /paddock-vmm/<node>/<name>, apart from the containers' /paddock/<node>, whose
  * recovery takes every directory there for a sandbox of its own.
  */
-import { chown, mkdir, readdir, rmdir, writeFile } from 'node:fs/promises';
+import { chmod, chown, mkdir, readdir, rmdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { type CgroupMode, cgroupDir, detectCgroups } from '../cgroups.ts';
 import { type IdRange, IdRanges } from '../ids.ts';
@@ -82,7 +82,7 @@ export class VmmJail {
       }
       await mkdir(dir, { recursive: true });
       await chown(dir, ids.hostId, ids.hostId);
-      await import('node:fs/promises').then((fs) => fs.chmod(dir, 0o700));
+      await chmod(dir, 0o700);
     } catch (e) {
       await this.release(j);
       throw e;
