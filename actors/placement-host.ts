@@ -9,7 +9,7 @@
  * When the bridge says no capacity can come, every waiting create fails at once with its reason.
  */
 import type { KV } from '@nats-io/kv';
-import { type NatsConnection, RequestError, type Subscription, TimeoutError } from '@nats-io/transport-node';
+import { type Msg, type NatsConnection, RequestError, type Subscription, TimeoutError } from '@nats-io/transport-node';
 import type { Logger } from 'pino';
 import { type Actor, createActor } from 'xstate';
 import { ConnectionLost, request } from '../protocol/connection.ts';
@@ -23,6 +23,7 @@ import {
   type NodeRecord,
   newSandboxId,
   PLACEMENT_QUEUE,
+  isToken,
   ProtocolError,
   parseGroupSubject,
   type Reply,
@@ -118,6 +119,9 @@ export class PlacementHost {
   private readonly revisions = new Map<string, number>();
   private lostTimer?: NodeJS.Timeout;
   private sweeping = false;
+  /** Creates this replica is placing, by id: what `place.pending` answers (the SDK's probe of its creates). */
+  private readonly held = new Map<string, { since: number; node?: string; count: number }>();
+  private pendingSub?: Subscription;
 
   constructor(
     private readonly nc: NatsConnection,
@@ -173,7 +177,10 @@ export class PlacementHost {
       },
     });
     this.subs.push(bridgeSub);
-    this.subs.push(serve(this.nc, subjects.placeCreate, { queue: PLACEMENT_QUEUE, log: this.log, name: 'place.create', maxBytes: Limits.createBytesMax }, (req) => this.tracked(() => this.create(req.body))));
+    this.subs.push(serve(this.nc, subjects.placeCreate, { queue: PLACEMENT_QUEUE, log: this.log, name: 'place.create', maxBytes: Limits.createBytesMax }, (req) => this.tracked(() => this.holding(req.body, () => this.create(req.body)))));
+    // Every replica, no queue: only one holding an id can say so. Kept through a drain, whose
+    // creates under way are still held.
+    this.pendingSub = this.nc.subscribe(subjects.placePending, { callback: (_err, m) => this.answerPending(m) });
     this.subs.push(serve(this.nc, subjects.groupAll, { queue: PLACEMENT_QUEUE, log: this.log, name: 'group' }, (req) => this.tracked(() => this.group(req.subject))));
     this.directory.start();
     this.rollouts.start();
@@ -244,6 +251,38 @@ export class PlacementHost {
     return this.enqueue(id, spec, waitForCapacityMs, nodeWaitMs);
   }
 
+  /** Runs a create while `place.pending` says this replica holds its id (a create sent again counts twice). */
+  private async holding<T>(body: unknown, work: () => Promise<T>): Promise<T> {
+    const id = (body as { id?: unknown } | null)?.id;
+    if (!isToken(id)) return work();
+    const h = this.held.get(id) ?? { since: Date.now(), count: 0 };
+    h.count++;
+    this.held.set(id, h);
+    try {
+      return await work();
+    } finally {
+      if (--h.count === 0 && this.held.get(id) === h) this.held.delete(id);
+    }
+  }
+
+  /** `pdk.v1.place.pending`: the asked ids this replica holds, or silence when it holds none (another replica may). */
+  private answerPending(m: Msg): void {
+    if (!m.reply) return;
+    let ids: string[];
+    try {
+      ids = check(Schema.PlacePendingRequest, decode(m.data), 'INVALID_REQUEST', 'place.pending').ids;
+    } catch (err) {
+      if (err instanceof ProtocolError) m.respond(encode({ ok: false, error: err.toWire() }));
+      return;
+    }
+    const now = Date.now();
+    const held = ids.flatMap((id) => {
+      const h = this.held.get(id);
+      return h ? [{ id, ...(h.node ? { node: h.node } : {}), sinceMs: now - h.since }] : [];
+    });
+    if (held.length > 0) m.respond(encode({ ok: true, result: { held } }));
+  }
+
   /** Tries the best nodes in turn; NO_CAPACITY from all of them comes back as their refusals. */
   private async attempt(id: string, spec: SandboxSpec, nodes: string[], nodeWaitMs: number): Promise<{ result: CreateReply } | { refusals: string[] }> {
     const refusals: string[] = [];
@@ -255,6 +294,8 @@ export class PlacementHost {
         continue;
       }
       this.actor.send({ type: 'SENT', node, cpu: spec.cpu, memoryMiB: spec.memoryMiB });
+      const h = this.held.get(id);
+      if (h) h.node = node;
       try {
         let r = await this.nodeCreate(node, id, spec, nodeWaitMs);
         // The id is taken on another node: a create sent again whose first try made it there. That
@@ -538,6 +579,7 @@ export class PlacementHost {
 
   stop(): void {
     if (this.lostTimer) clearInterval(this.lostTimer);
+    this.pendingSub?.unsubscribe();
     for (const w of [...this.waiting]) this.fail(w, 'the placement replica is stopping');
     for (const s of this.subs) s.unsubscribe();
     this.directory.stop();

@@ -47,6 +47,17 @@ export const Operations: Operation[] = [
     queue: 'pdk-placement',
   },
   {
+    subject: 'pdk.v1.place.pending',
+    kind: 'request',
+    request: 'PlacePendingRequest',
+    reply: 'PlacePendingReply',
+    replyNote: 'from each replica that holds one of the ids; the others stay silent. The SDK sends one every 2 s for its creates in flight longer than that, and fails a create no replica has held for 10 s (its replica died with it) with UNAVAILABLE, `detail.reason` `placement_lost`',
+    errors: ['INVALID_REQUEST'],
+    limits: 'at most 1,000 ids',
+    timeout: 'collect answers for ~1 s',
+    retry: 'safe to retry',
+  },
+  {
     subject: 'pdk.v1.sandboxes.list',
     kind: 'request',
     request: 'SandboxesListRequest',

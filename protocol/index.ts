@@ -22,6 +22,8 @@ export type {
   DrainReply,
   DrainRequest,
   EndReason,
+  PlacePendingReply,
+  PlacePendingRequest,
   ExecCancelRequest,
   ExecEvent,
   ExecRequest,

@@ -19,6 +19,8 @@ export type {
   DrainReply,
   DrainRequest,
   EndReason,
+  PlacePendingReply,
+  PlacePendingRequest,
   ExecCancelRequest,
   ExecEvent,
   ExecRequest,

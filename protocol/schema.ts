@@ -767,6 +767,19 @@ export const SandboxesListReply = Type.Object(
 );
 export type SandboxesListReply = Static<typeof SandboxesListReply>;
 export const SandboxesGetRequest = Type.Object({ id: Token('the sandbox id') }, { $id: 'SandboxesGetRequest' });
+/** Which of a client's creates in flight a placement replica still holds (the SDK's liveness probe of its creates). */
+export const PlacePendingRequest = Type.Object({ ids: Type.Array(Token('a sandbox id the caller is creating'), { minItems: 1, maxItems: 1000 }) }, { $id: 'PlacePendingRequest' });
+export type PlacePendingRequest = Static<typeof PlacePendingRequest>;
+export const PlacePendingReply = Type.Object(
+  {
+    held: Type.Array(
+      Type.Object({ id: Type.String(), node: Type.Optional(Type.String({ description: 'the node asked to make it, once one is' })), sinceMs: Type.Integer({ description: 'how long this replica has held it' }) }),
+      { description: 'those of the ids this replica is placing; a replica holding none stays silent' },
+    ),
+  },
+  { $id: 'PlacePendingReply' },
+);
+export type PlacePendingReply = Static<typeof PlacePendingReply>;
 
 // ─── Rollouts (the command log) ─────────────────────────────────────────────────────────────────
 
@@ -1056,6 +1069,8 @@ export const NamedSchemas: Record<string, TSchema> = {
   SandboxesListRequest,
   SandboxesListReply,
   SandboxesGetRequest,
+  PlacePendingRequest,
+  PlacePendingReply,
   SnapshotInfo,
   ForkRequest,
   ForkReply,

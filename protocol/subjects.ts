@@ -51,6 +51,8 @@ export function isToken(s: unknown): s is string {
 
 export const subjects = {
   placeCreate: `${PREFIX}.place.create`,
+  /** Which creates in flight a placement replica holds: every replica subscribes (no queue); only holders answer. */
+  placePending: `${PREFIX}.place.pending`,
   /** The sandbox directory: list (filters, pages) and get, answered by placement replicas. */
   sandboxesList: `${PREFIX}.sandboxes.list`,
   sandboxesGet: `${PREFIX}.sandboxes.get`,
@@ -145,6 +147,7 @@ export function subjectTemplate(subject: string): { template: string; op: string
  */
 const RESENDABLE = new Set([
   'place.create',
+  'place.pending',
   'sandboxes.list',
   'sandboxes.get',
   'info',

@@ -7,6 +7,7 @@ import { Buckets, type CreateReply, decode, type GroupReply, type GroupVerb, isT
 import { AlreadyExistsError, InvalidRequestError, NotFoundError, PaddockError, TimeoutError, UnavailableError } from './errors.ts';
 import { Fn } from './fn.ts';
 import { Nodes } from './nodes.ts';
+import { PendingCreates } from './pending.ts';
 import { Rollouts } from './rollouts.ts';
 import { Sandbox } from './sandbox.ts';
 import { Snapshots } from './snapshots.ts';
@@ -110,7 +111,11 @@ export class Paddock {
 }
 
 export class Sandboxes {
-  constructor(private readonly t: Transport) {}
+  private readonly pending: PendingCreates;
+
+  constructor(private readonly t: Transport) {
+    this.pending = new PendingCreates(t);
+  }
 
   /** @internal the directory's record of a sandbox (live or ended), or null. */
   readonly lookup = async (id: string, opts?: CallOptions): Promise<SandboxInfo | null> => {
@@ -157,14 +162,23 @@ export class Sandboxes {
    */
   async create(spec: CreateSpec = {}, opts?: CallOptions): Promise<Sandbox> {
     const id = newSandboxId();
+    // A placement replica that dies holding the create cannot answer: the watch says so within seconds.
+    const watch = this.pending.watch(id);
+    const stop = new AbortController();
+    const signal = opts?.signal ? AbortSignal.any([opts.signal, stop.signal]) : stop.signal;
     try {
       // Placement waits for the node as long as this call waits (an image pulled whole can take minutes).
-      const r = await this.t.request<CreateReply>(subjects.placeCreate, { spec, id, timeoutMs: Math.min(3_600_000, opts?.timeoutMs ?? this.t.defaultTimeoutMs) }, opts);
+      const call = this.t.request<CreateReply>(subjects.placeCreate, { spec, id, timeoutMs: Math.min(3_600_000, opts?.timeoutMs ?? this.t.defaultTimeoutMs) }, { ...opts, signal });
+      call.catch(() => {}); // settled by the race, or cancelled once the watch found it lost
+      const r = await Promise.race([call, watch.lost]);
       return new Sandbox(this.t, r.sandbox, this.lookup);
     } catch (err) {
       // Only a create of ours can have taken this id: the first try made it, its answer was lost.
       if (err instanceof AlreadyExistsError && err.detail?.id === id) return this.get(id, opts);
       throw err;
+    } finally {
+      watch.done();
+      stop.abort();
     }
   }
 

@@ -251,7 +251,9 @@ test.serial('paddock up restarts a nats-server and a node that died, and stops N
   // The node is SIGKILLed in the middle of 20 creates: every create ends with a clear code (the
   // ones it had not answered cannot know whether it made them), up starts the node again, and its
   // start removes what the killed one left and says so in the records: no orphan keeps running.
-  const creates = Array.from({ length: 20 }, () => pdk.sandboxes.create({ image: 'busybox', memoryMiB: 64 }, { timeoutMs: 20_000 }));
+  // Placement ran in the killed node: the creates it held end when the SDK's probe finds no
+  // replica holding them, as UNAVAILABLE (placement_lost), not at their timeout (TIMEOUT).
+  const creates = Array.from({ length: 20 }, () => pdk.sandboxes.create({ image: 'busybox', memoryMiB: 64 }, { timeoutMs: 120_000 }));
   const made = await eventually(async () => {
     const mine = (await pdk.sandboxes.list({ node: first.node })).filter((s) => s.id !== sb.id);
     return mine.length >= 4 ? mine : undefined;
@@ -259,11 +261,13 @@ test.serial('paddock up restarts a nats-server and a node that died, and stops N
   t.truthy(made, 'four creates went through before the kill');
   process.kill(first.nodePid as number, 'SIGKILL');
   const settled = await Promise.allSettled(creates);
-  for (const s of settled) {
-    if (s.status === 'rejected') {
-      t.true(s.reason instanceof PaddockError, String(s.reason));
-      t.true(['TIMEOUT', 'UNAVAILABLE'].includes((s.reason as PaddockError).code), String(s.reason));
-    }
+  const failed = settled.flatMap((s) => (s.status === 'rejected' ? [s.reason as PaddockError] : []));
+  t.true(failed.length > 0, 'some creates were in flight at the kill');
+  for (const err of failed) {
+    t.true(err instanceof PaddockError, String(err));
+    t.is(err.code, 'UNAVAILABLE', String(err));
+    t.is(err.detail?.reason, 'placement_lost', String(err));
+    t.regex(err.message, /may have been made/);
   }
   const third = await eventually(async () => {
     const rec = up.record();
