@@ -91,6 +91,8 @@ export async function handle(msg: Msg, handler: Handler, opts: ServeOptions, wat
       const failure = natsFailure(thrown, opts.name ?? msg.subject);
       const err = failure ?? thrown;
       if (failure) logOnce(opts.log, failure);
+      // One already made a Paddock error where it happened (the command log's), with why.
+      else if (thrown instanceof ProtocolError && thrown.code === 'UNAVAILABLE' && typeof thrown.detail?.reason === 'string') logOnce(opts.log, thrown);
       const wire = toWireError(err);
       span.setStatus({ code: SpanStatusCode.ERROR, message: wire.message });
       span.setAttribute(Attr.errorCode, wire.code);

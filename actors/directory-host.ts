@@ -46,6 +46,8 @@ export class DirectoryHost {
   constructor(
     private readonly nc: NatsConnection,
     private readonly log: Logger,
+    /** The connection its buckets are read over (the node's JetStream connection; default `nc`). */
+    private readonly store: NatsConnection = nc,
   ) {}
 
   start(): void {
@@ -62,7 +64,7 @@ export class DirectoryHost {
 
   /** The bucket, opened when first asked: a node creates it before it serves. */
   directory(): Promise<KV> {
-    this.kvp ??= new Kvm(this.nc).open(Buckets.sandboxes).catch((err: unknown) => {
+    this.kvp ??= new Kvm(this.store).open(Buckets.sandboxes).catch((err: unknown) => {
       this.kvp = undefined;
       throw new ProtocolError('UNAVAILABLE', `no sandbox directory (bucket ${Buckets.sandboxes}): ${(err as Error).message}`);
     });
@@ -71,7 +73,7 @@ export class DirectoryHost {
 
   /** The snapshot table, opened when first asked (a node makes it; a cluster without one has no snapshots). */
   private snapshotTable(): Promise<KV> {
-    this.snapp ??= new Kvm(this.nc).open(Buckets.snapshots).catch((err: unknown) => {
+    this.snapp ??= new Kvm(this.store).open(Buckets.snapshots).catch((err: unknown) => {
       this.snapp = undefined;
       throw new ProtocolError('UNAVAILABLE', `no snapshot table (bucket ${Buckets.snapshots}): ${(err as Error).message}`);
     });

@@ -131,10 +131,12 @@ export class PlacementHost {
     private readonly wait: WaitOptions = { ms: 30_000, maxWaiting: 10_000 },
     /** The node this replica runs beside, asked in-process whether it would refuse a create. */
     private readonly local?: { id: string; refusalFor(spec: SandboxSpec): string | undefined },
+    /** The connection JetStream is read over, when not `nc` (a node's: see NodeProcess). */
+    store: NatsConnection = nc,
   ) {
     this.actor = createActor(placementMachine, inspect ? { inspect } : {});
-    this.directory = new DirectoryHost(nc, log);
-    this.rollouts = new RolloutHost(nc, this.directory, log);
+    this.directory = new DirectoryHost(nc, log, store);
+    this.rollouts = new RolloutHost(nc, this.directory, log, store);
   }
 
   async start(): Promise<void> {

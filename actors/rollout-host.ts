@@ -52,6 +52,8 @@ export class RolloutHost {
     private readonly nc: NatsConnection,
     private readonly directory: DirectoryHost,
     private readonly log: Logger,
+    /** The connection the bucket and the log are read over (default `nc`). */
+    private readonly store: NatsConnection = nc,
   ) {}
 
   start(): void {
@@ -73,7 +75,7 @@ export class RolloutHost {
   }
 
   private kv(): Promise<KV> {
-    this.kvp ??= new Kvm(this.nc).open(Buckets.rollouts).catch((err: unknown) => {
+    this.kvp ??= new Kvm(this.store).open(Buckets.rollouts).catch((err: unknown) => {
       this.kvp = undefined;
       throw new ProtocolError('UNAVAILABLE', `no command log here (bucket ${Buckets.rollouts}): ${(err as Error).message}`);
     });
@@ -81,7 +83,7 @@ export class RolloutHost {
   }
 
   private jsm(): Promise<JetStreamManager> {
-    this.jsmp ??= jetstreamManager(this.nc).catch((err: unknown) => {
+    this.jsmp ??= jetstreamManager(this.store).catch((err: unknown) => {
       this.jsmp = undefined;
       throw new ProtocolError('UNAVAILABLE', `JetStream is not available: ${(err as Error).message}`);
     });
@@ -164,7 +166,7 @@ export class RolloutHost {
   /** The trajectory as JSON lines (one per step, as `paddock rollouts export` writes them), paged. */
   private async export(body: unknown): Promise<{ lines: string[]; next?: number }> {
     const q = check(Schema.RolloutsExportRequest, body, 'INVALID_REQUEST', 'rollouts.export');
-    const all = await this.readLog(() => readRollout(this.nc, q.rolloutId, 'all'), q.rolloutId);
+    const all = await this.readLog(() => readRollout(this.store, q.rolloutId, 'all'), q.rolloutId);
     // A log outlives its record when the record is deleted by hand: it still exports.
     if (all.length === 0) await this.mustRecord(q.rolloutId);
     const steps = new Map<number, { started?: StartedRecord; result?: ResultRecord }>();
@@ -216,7 +218,7 @@ export class RolloutHost {
 
   /** Records of steps above `after`, whole steps, as many as fit one reply; `next` (the last step given) when more follow. */
   private async page(rolloutId: string, which: 'last' | 'all', after: number): Promise<{ records: StepRecord[]; lastStep: number; next?: number }> {
-    const all = await this.readLog(() => readRollout(this.nc, rolloutId, which), rolloutId);
+    const all = await this.readLog(() => readRollout(this.store, rolloutId, which), rolloutId);
     const bySteps = new Map<number, StepRecord[]>();
     for (const { record } of all) {
       if (record.step <= after) continue;

@@ -17,7 +17,7 @@ import { JetStreamApiCodes, JetStreamApiError, type JetStreamClient, type JetStr
 import type { KV } from '@nats-io/kv';
 import type { NatsConnection } from '@nats-io/transport-node';
 import type { Logger } from 'pino';
-import { type ExecResult, type FilesWriteReply, fewerReplicasWarning, Limits, ProtocolError, scanKv, subjects, toWireError } from '../protocol/index.ts';
+import { type ExecResult, type FilesWriteReply, fewerReplicasWarning, Limits, natsFailure, ProtocolError, scanKv, subjects, toWireError } from '../protocol/index.ts';
 import type { ChronusConfig } from './config.ts';
 import { ensureChronus, lastRecord, purgeRollout, recordedSteps, type StoredRecord } from './log.ts';
 import {
@@ -148,7 +148,7 @@ export class Journal implements StepJournal {
       return await lastRecord(this.jsm, rolloutId, step);
     } catch (e) {
       if (e instanceof ProtocolError) throw e;
-      throw new ProtocolError('UNAVAILABLE', `the command log cannot be read: ${(e as Error).message}`, { cause: e });
+      throw logUnavailable(e, 'the command log cannot be read');
     }
   }
 
@@ -271,7 +271,7 @@ export class Journal implements StepJournal {
       // It may still be stored: if it is, it is a claim that never ran, and a retry may take it over.
       this.abandoned.add(started.claim);
       if (this.abandoned.size > KNOWN_MAX) this.abandoned.delete(this.abandoned.values().next().value as string);
-      throw new ProtocolError('UNAVAILABLE', `the command log is unavailable, step ${key.step} of rollout ${key.rolloutId} did not run: ${(e as Error).message}`, { cause: e });
+      throw logUnavailable(e, `the command log is unavailable, step ${key.step} of rollout ${key.rolloutId} did not run`);
     }
   }
 
@@ -436,3 +436,12 @@ function conflict(key: StepKey, holder: { deadline: number; node: string }): Pro
   });
 }
 
+/**
+ * A failure of the command log's stream as UNAVAILABLE, with natsFailure's `detail` (what, and why:
+ * disk_full, no_quorum, timeout…) so that a caller can tell a full disk from a slow server.
+ */
+function logUnavailable(e: unknown, says: string): ProtocolError {
+  const failure = natsFailure(e, 'the command log');
+  const why = failure ? failure.message.replace(/^the command log is unavailable: /, '') : (e as Error).message;
+  return new ProtocolError('UNAVAILABLE', `${says}: ${why}`, { cause: e, detail: failure?.detail ?? { what: 'the command log', reason: 'other' } });
+}

@@ -9,7 +9,7 @@ import type { Writable } from 'node:stream';
 import { logsDir } from '../protocol/discovery.ts';
 import { nodeCommand } from './launch.ts';
 import { rotatingLog } from './logfile.ts';
-import { type EmbeddedNats, startNats } from './nats.ts';
+import { type EmbeddedNats, natsStoreDir, startNats } from './nats.ts';
 
 export interface NodeProcess {
   id: string;
@@ -137,7 +137,7 @@ export async function startLocalCluster(o: { home: string; nodes?: number; prefi
     // One at a time: the first builds the shared busybox layer, the rest find it.
     for (let i = 1; i <= n; i++) {
       // Tests and benchmarks make the FnCall images they need themselves, once, in a shared store.
-      const env = { PADDOCK_FN_BUILD: process.env.PADDOCK_FN_BUILD ?? '0', ...o.env };
+      const env = { PADDOCK_FN_BUILD: process.env.PADDOCK_FN_BUILD ?? '0', PADDOCK_NATS_STORE: natsStoreDir(natsOpts.dataDir), ...o.env };
       nodes.push(await startNode({ natsUrl: nats.url, home: o.home, id: `${o.prefix ?? 'node'}${i}`, imagesDir: o.imagesDir, env, inheritLogs: o.inheritLogs }));
     }
   } catch (e) {

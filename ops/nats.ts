@@ -3,6 +3,7 @@
  * given (npm start, tests, benchmarks). Debian's nats-server; the port comes from --ports_file_dir.
  */
 import { type ChildProcess, spawn } from 'node:child_process';
+import { statfsSync } from 'node:fs';
 import { mkdir, readdir, readFile, writeFile } from 'node:fs/promises';
 import { type AddressInfo, createServer, type Server } from 'node:net';
 import { join } from 'node:path';
@@ -18,6 +19,29 @@ export interface EmbeddedNats {
   proc: ChildProcess;
   stop(): Promise<void>;
 }
+
+/** Below this much free space on its disk, an unanswered JetStream call is taken for a full store. */
+const STORE_FULL_BYTES = 1024 * 1024;
+
+/**
+ * What the node hands natsFailure (setStoreProbe) when its nats-server is the embedded one: why
+ * the store at `dir` is full (its free space), or nothing. A statfs costs microseconds and runs
+ * only when a JetStream call has already failed.
+ */
+export function storeFullProbe(dir: string): () => string | undefined {
+  return () => {
+    try {
+      const s = statfsSync(dir);
+      const free = s.bavail * s.bsize;
+      return free < STORE_FULL_BYTES ? `${dir} has ${Math.floor(free / 1024)} KiB free of ${Math.round((s.blocks * s.bsize) / 1024 / 1024)} MiB` : undefined;
+    } catch {
+      return undefined;
+    }
+  };
+}
+
+/** The store directory of an embedded nats-server whose data is in `dataDir` (its -sd). */
+export const natsStoreDir = (dataDir: string) => join(dataDir, 'jetstream');
 
 /** Exec results carry up to 1 MiB of stdout and of stderr in one reply: allow 8 MiB messages. */
 export const MAX_PAYLOAD = 8 * 1024 * 1024;
@@ -49,7 +73,7 @@ export async function startNats(opts: StartNatsOptions): Promise<EmbeddedNats> {
   // embedded nats-server has no one else to serve.
   // detached: a terminal's Ctrl-C goes to its whole process group; nats-server must outlive it
   // until the node has recorded its sandboxes' end, so only its starter stops it.
-  const proc = spawn('setpriv', ['--pdeathsig', 'TERM', '--', 'nats-server', '-c', conf, '-a', '127.0.0.1', '-p', String(opts.port ?? -1), '-js', '-sd', join(opts.dataDir, 'jetstream'), '--ports_file_dir', portsDir, ...(opts.httpPort ? ['-m', String(opts.httpPort)] : [])], {
+  const proc = spawn('setpriv', ['--pdeathsig', 'TERM', '--', 'nats-server', '-c', conf, '-a', '127.0.0.1', '-p', String(opts.port ?? -1), '-js', '-sd', natsStoreDir(opts.dataDir), '--ports_file_dir', portsDir, ...(opts.httpPort ? ['-m', String(opts.httpPort)] : [])], {
     stdio: ['ignore', 'ignore', 'pipe'],
     detached: true,
   });

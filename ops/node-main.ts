@@ -9,10 +9,12 @@
 import { spawn } from 'node:child_process';
 import { join } from 'node:path';
 import { logsDir } from '../protocol/discovery.ts';
+import { setStoreProbe } from '../protocol/index.ts';
 import { loadConfig } from '../runtime/config.ts';
 import { NS_MARK, nodeCommand } from './launch.ts';
 import { createLogger } from './log.ts';
 import { metricsSpanProcessor } from './metrics.ts';
+import { storeFullProbe } from './nats.ts';
 import { NodeProcess } from './node-process.ts';
 import { profileOnSignal, setupTelemetry, shutdownTelemetry } from './telemetry.ts';
 
@@ -33,6 +35,9 @@ async function main(): Promise<void> {
   const log = createLogger('paddock-node', cfg.logLevel).child({ node: cfg.nodeId });
   setupTelemetry('paddock-node', { tracesFile: join(logsDir(cfg.home), `traces-node-${cfg.nodeId}.jsonl`), instanceId: cfg.nodeId, processors: [metricsSpanProcessor()] });
   profileOnSignal(`node-${cfg.nodeId}`, log);
+  // The embedded nats-server's store, when it shares this host (up, a local cluster): a JetStream
+  // call that fails because its disk is full then says so.
+  if (process.env.PADDOCK_NATS_STORE) setStoreProbe(storeFullProbe(process.env.PADDOCK_NATS_STORE));
   const node = new NodeProcess(cfg, log);
   let stopping = false;
   // An object, not a `let`: the stop handler reads it after start has set it.

@@ -51,6 +51,7 @@ export interface NodeProcessOptions {
 /** A node's parts, opened in order; `stop` closes what was opened, in reverse. */
 export class NodeProcess {
   private nc?: NatsConnection;
+  private store?: NatsConnection;
   private journal?: Journal;
   private images?: NodeImages;
   /** The images this node opened itself (and so closes). */
@@ -88,16 +89,26 @@ export class NodeProcess {
     // for its possible timeout error — ~10% of the node's main thread in a group pause of 3,200.
     // Every server of a NATS_URL list; reconnecting for ever, every half second: a node that loses
     // NATS keeps its sandboxes running and serves again the moment NATS is back (watchConnection).
-    const nc = await connect({ servers: natsServers(cfg.natsUrl), name: this.o.connectionName ?? `paddock-node-${cfg.nodeId}`, maxReconnectAttempts: -1, reconnectTimeWait: 500, noAsyncTraces: true });
+    const opts = { servers: natsServers(cfg.natsUrl), maxReconnectAttempts: -1, reconnectTimeWait: 500, noAsyncTraces: true };
+    const name = this.o.connectionName ?? `paddock-node-${cfg.nodeId}`;
+    const nc = await connect({ ...opts, name });
     this.nc = nc;
     void this.watchConnection(nc);
+    // JetStream (the buckets, the command log) over a connection of its own. nats-server 2.9
+    // handles a publish to a stream on the publishing connection's read loop: with its store's
+    // disk full, a write there blocked, and every message the node sent after it on that
+    // connection (the replies to exec, the stream chunks) with it (seen in test/full-disk).
+    // Apart, a stuck store costs the records and the log, not the sandboxes' answers.
+    const store = await connect({ ...opts, name: `${name}-store` });
+    this.store = store;
+    void this.watchStore(store);
     const replicas = replicasFor(nc.info);
     const fewer = (f: FewerReplicas) => log.warn({ ...f }, fewerReplicasWarning(f));
-    const directory = await ensureBucket(nc, Buckets.sandboxes, { history: 1, replicas }, fewer);
-    const nodes = await ensureBucket(nc, Buckets.nodes, { history: 1, replicas }, fewer);
-    const snapshots = await ensureBucket(nc, Buckets.snapshots, { history: 1, replicas }, fewer);
+    const directory = await ensureBucket(store, Buckets.sandboxes, { history: 1, replicas }, fewer);
+    const nodes = await ensureBucket(store, Buckets.nodes, { history: 1, replicas }, fewer);
+    const snapshots = await ensureBucket(store, Buckets.snapshots, { history: 1, replicas }, fewer);
     const maxPayload = nc.info?.max_payload ?? 1024 * 1024;
-    this.journal = await Journal.open(nc, { nodeId: cfg.nodeId, log: log.child({ part: 'chronus' }), config: this.o.chronus ?? loadChronusConfig(env), maxPayload });
+    this.journal = await Journal.open(store, { nodeId: cfg.nodeId, log: log.child({ part: 'chronus' }), config: this.o.chronus ?? loadChronusConfig(env), maxPayload });
     this.journal.startSweeper();
 
     if (this.o.images) this.images = this.o.images;
@@ -137,7 +148,7 @@ export class NodeProcess {
     this.host = host;
     await host.start();
     if (cfg.placement) {
-      this.placement = new PlacementHost(nc, nodes, log.child({ part: 'placement' }), inspect, cfg.waitForCapacity, { id: cfg.nodeId, refusalFor: (spec) => host.refusalFor(spec) });
+      this.placement = new PlacementHost(nc, nodes, log.child({ part: 'placement' }), inspect, cfg.waitForCapacity, { id: cfg.nodeId, refusalFor: (spec) => host.refusalFor(spec) }, store);
       await this.placement.start();
     }
     if (this.o.metrics !== false) this.metrics = await startNodeMetrics({ nc, nodes, nodeId: cfg.nodeId, nodeDir: cfg.nodeDir, log });
@@ -157,8 +168,14 @@ export class NodeProcess {
       } else if (s.type === 'reconnect') {
         log.warn({ server: s.server, outageMs: lostAt ? Date.now() - lostAt : undefined }, 'NATS is back: re-publishing the node record and sandbox states');
         lostAt = 0;
-        await this.host?.reconnected().catch((err: unknown) => log.warn({ err }, 're-publishing after reconnect failed'));
       }
+    }
+  }
+
+  /** The records go over the JetStream connection: they are re-published when that one is back. */
+  private async watchStore(store: NatsConnection): Promise<void> {
+    for await (const s of store.status()) {
+      if (s.type === 'reconnect') await this.host?.reconnected().catch((err: unknown) => this.log.warn({ err }, 're-publishing after reconnect failed'));
     }
   }
 
@@ -174,5 +191,6 @@ export class NodeProcess {
     await this.backends?.close().catch((err: unknown) => log.warn({ err }, 'closing backends failed'));
     await this.ownImages?.close();
     await this.nc?.drain().catch(() => {});
+    await this.store?.drain().catch(() => {});
   }
 }

@@ -25,7 +25,7 @@ import { ROOT } from '../runtime/source.ts';
 import { type RunningBridge, startBridge } from './bridge-main.ts';
 import { type RunningGateway, startUpGateway } from './gateway/index.ts';
 import { type NodeProcess, startNode } from './local.ts';
-import { type EmbeddedNats, startNats } from './nats.ts';
+import { type EmbeddedNats, natsStoreDir, startNats } from './nats.ts';
 
 /** What $PADDOCK_HOME/paddock.pid says about the `paddock up` serving that home. */
 export interface UpRecord {
@@ -125,6 +125,8 @@ export async function up(o: { nats?: string; say: (s: string) => void; show: (s:
   if (running) throw new UpError(`Paddock is already up for ${home} (pid ${running.pid}, NATS ${running.nats}); 'paddock down' stops it`);
 
   let nats: EmbeddedNats | undefined;
+  /** The embedded nats-server's store (the node checks its disk when JetStream stops answering). */
+  let natsStore: string | undefined;
   let node: NodeProcess | undefined;
   let gateway: RunningGateway | undefined;
   let starting: Promise<NodeProcess> | undefined;
@@ -193,6 +195,7 @@ export async function up(o: { nats?: string; say: (s: string) => void; show: (s:
       const natsOpts = { dataDir: join(home, 'nats'), logFile: join(logs, 'nats-server.log') };
       nats = await startNats(natsOpts);
       natsUrl = nats.url;
+      natsStore = natsStoreDir(natsOpts.dataDir);
       const natsRestarts: number[] = [];
       // Same port and store: clients and the node reconnect to the URL they know and find the
       // buckets and the command log as they were. The sandboxes never notice.
@@ -228,7 +231,7 @@ export async function up(o: { nats?: string; say: (s: string) => void; show: (s:
     if (stopping) return await finished;
     await writeRecord();
     o.say(`starting node ${nodeId} (it builds the busybox base layer when missing; log in ${join(logs, `node-${nodeId}.log`)})`);
-    const nodeOpts = { natsUrl, home, id: nodeId, inheritLogs: false, onLine: (l: string) => progressLine(l, o.say) };
+    const nodeOpts = { natsUrl, home, id: nodeId, inheritLogs: false, onLine: (l: string) => progressLine(l, o.say), ...(natsStore ? { env: { PADDOCK_NATS_STORE: natsStore } } : {}) };
     starting = startNode(nodeOpts);
     node = await starting;
     const nodeRestarts: number[] = [];

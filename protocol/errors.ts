@@ -143,9 +143,26 @@ export function natsFailure(err: unknown, what: string): ProtocolError | undefin
   const cause = err.cause instanceof Error ? err.cause : undefined;
   if (!NATS_ERRORS.has(err.name) && !(cause && NATS_ERRORS.has(cause.name))) return undefined;
   const text = `${err.name} ${err.message} ${cause ? `${cause.name} ${cause.message}` : ''}`;
-  const hit = NATS_REASONS.find((r) => r.test.test(text));
+  let hit = NATS_REASONS.find((r) => r.test.test(text));
+  // nats-server 2.9 answers nothing at all once its store's disk is full (no error, every
+  // JetStream call times out, until it is restarted): only a look at that disk can tell.
+  if (hit === undefined || hit.reason === 'timeout' || hit.reason === 'disk_full') {
+    const full = storeProbe?.();
+    if (full) hit = { reason: 'disk_full', test: /$^/, says: `JetStream's store is full (${full})` };
+  }
   const reason = hit?.reason ?? 'other';
   return new ProtocolError('UNAVAILABLE', `${what} is unavailable: ${hit?.says ?? 'NATS or JetStream failed'} (${err.message})`, { cause: err, detail: { what, reason } });
+}
+
+let storeProbe: (() => string | undefined) | undefined;
+
+/**
+ * Where a process that shares a host with its nats-server (`paddock up`, a local cluster) can see
+ * that server's store: `probe` says why the store's disk is full (its path and what is free), or
+ * nothing. natsFailure then names a full disk where JetStream itself says only "timeout".
+ */
+export function setStoreProbe(probe: (() => string | undefined) | undefined): void {
+  storeProbe = probe;
 }
 
 /** `err` as natsFailure sees it, or as it was. */

@@ -1,0 +1,99 @@
+/**
+ * The disk under JetStream fills up while sandboxes run: a real tmpfs under the embedded
+ * nats-server's store, filled to the last block. nats-server 2.9 then answers no JetStream call at
+ * all (no error, only silence, until it is restarted), so a full disk is told by looking at it.
+ */
+import { mkdir, mkdtemp, readFile, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import test from 'ava';
+import { startLocalCluster } from '../ops/local.ts';
+import { run } from '../runtime/proc.ts';
+import { Paddock, PaddockError } from '../sdk/index.ts';
+import { SHARED_IMAGES } from './helpers/paths.ts';
+import { eventually } from './helpers/wait.ts';
+
+test('a full disk under JetStream: sandboxes keep working, the command log and the directory say disk_full, the node logs it once', async (t) => {
+  t.timeout(300_000);
+  const home = await mkdtemp(join(tmpdir(), 'paddock-full-disk-'));
+  const natsDir = join(home, 'nats');
+  await mkdir(natsDir);
+  await run('mount', ['-t', 'tmpfs', '-o', 'size=48m,mode=0755', 'paddock-test-full', natsDir]);
+  t.teardown(async () => {
+    await run('umount', ['-l', natsDir], { allowFail: true });
+    await rm(home, { recursive: true, force: true });
+  });
+  const cluster = await startLocalCluster({ home, nodes: 1, prefix: `t${process.pid}full`, imagesDir: SHARED_IMAGES, env: { PADDOCK_HEARTBEAT_MS: '500' } });
+  t.teardown(() => cluster.stop());
+  const pdk = await Paddock.connect({ servers: cluster.url, timeoutMs: 30_000 });
+  t.teardown(() => Promise.race([pdk.close().catch(() => {}), new Promise((r) => setTimeout(r, 5000))]).then(() => {}));
+
+  const ro = await pdk.rollouts.start({ sandbox: { image: 'busybox', memoryMiB: 64 } });
+  await ro.exec(['sh', '-c', 'echo zero > /tmp/log']);
+  const sb = ro.sandbox;
+  // A second rollout, for a second failure of the command log.
+  const ro2 = await pdk.rollouts.start({ sandbox: { image: 'busybox', memoryMiB: 64 } });
+
+  // Every block of the store's disk taken, as another writer on the host would take them.
+  const filled = await run('dd', ['if=/dev/zero', `of=${join(natsDir, 'filler')}`, 'bs=1M'], { allowFail: true });
+  t.regex(filled.stderr, /No space left/);
+  // …to the last page (a 1 MiB block size leaves up to 1 MiB, room for small records).
+  await run('dd', ['if=/dev/zero', `of=${join(natsDir, 'filler2')}`, 'bs=4k'], { allowFail: true });
+  t.is(Number((await run('stat', ['-f', '-c', '%a', natsDir])).stdout.trim()), 0);
+
+  // The sandbox never notices: its own work needs no JetStream.
+  t.is((await sb.exec(['sh', '-c', 'echo alive; cat /tmp/log'])).stdout, 'alive\nzero\n');
+
+  // nats-server acks what fits in its write cache before it reaches the disk: the first steps
+  // after the fill may still be taken. Soon one is not, so it does not run, and says why.
+  let failure: unknown;
+  let taken = 0;
+  for (; taken < 40 && failure === undefined; taken++) {
+    failure = await ro.exec(['sh', '-c', `echo s${taken} >> /tmp/log`]).then(
+      () => undefined,
+      (e: unknown) => e,
+    );
+  }
+  taken--;
+  t.log(`${taken} steps were acked after the disk filled`);
+  const failedStep = ro.nextStep;
+  const t0 = Date.now();
+  const second = await ro2.exec(['sh', '-c', 'echo again >> /tmp/log'], { timeoutMs: 200_000 }).then(
+    () => undefined,
+    (e: unknown) => e,
+  );
+  t.log(`second failure after ${Date.now() - t0} ms`);
+  for (const err of [failure, second]) {
+    t.true(err instanceof PaddockError, String(err));
+    t.is((err as PaddockError).code, 'UNAVAILABLE', String(err));
+    t.like((err as PaddockError).detail, { what: 'the command log', reason: 'disk_full' });
+    t.regex((err as Error).message, /store is full \(.* KiB free/);
+  }
+  const ran = Array.from({ length: taken }, (_, i) => `s${i}\n`).join('');
+  t.is((await sb.exec(['cat', '/tmp/log'])).stdout, `zero\n${ran}`, 'the unrecorded steps did not run');
+
+  // The directory is JetStream too: the listing fails the same way, not with a raw client error.
+  const t1 = Date.now();
+  const listed = await t.throwsAsync(pdk.sandboxes.list({ timeoutMs: 200_000 }));
+  t.log(`list failed after ${Date.now() - t1} ms`);
+  t.true(listed instanceof PaddockError, String(listed));
+  t.is((listed as PaddockError).code, 'UNAVAILABLE', String(listed));
+  t.is((listed as PaddockError).detail?.reason, 'disk_full', String(listed));
+
+  // Logged by the node, once per failure and cause, not once per request.
+  const log = (await readFile(cluster.nodes[0]?.logFile as string, 'utf8')).split('\n');
+  const said = log.filter((l) => l.includes('"reason":"disk_full"') && l.includes('"what":"the command log"'));
+  t.is(said.length, 1, said.join('\n'));
+
+  // Space again. nats-server 2.9 stays silent until restarted (up restarts it when it dies; a
+  // person restarts it here): then the step runs, once, and the record is true.
+  await rm(join(natsDir, 'filler'));
+  await rm(join(natsDir, 'filler2'));
+  await cluster.restartNats();
+  const step = await eventually(() => ro.exec(['sh', '-c', 'echo one >> /tmp/log'], { timeoutMs: 10_000 }).catch(() => undefined), 60_000);
+  t.is(step?.step, failedStep);
+  t.is((await sb.exec(['cat', '/tmp/log'])).stdout, `zero\n${ran}one\n`);
+  const rec = await eventually(async () => (await pdk.sandboxes.list().catch(() => [])).find((s) => s.id === sb.id), 60_000);
+  t.is(rec?.state, 'running');
+  await Promise.all([sb.kill(), ro2.sandbox.kill()]);
+});
