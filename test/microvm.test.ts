@@ -132,7 +132,7 @@ function cgroupFile(cgroup: string, controller: string, v1: string, v2: string):
   return existsSync('/sys/fs/cgroup/cgroup.controllers') ? join('/sys/fs/cgroup', cgroup, v2) : join('/sys/fs/cgroup', controller, cgroup, v1);
 }
 
-test('each VMM is a host user of its own with no capability, in a cgroup bounding its CPU, memory and pids; kill removes both', async (t) => {
+test('each VMM is a host user of its own with no capability, chrooted in its own directory, in a cgroup bounding its CPU, memory and pids; kill removes both', async (t) => {
   const { pdk, home } = t.context;
   const a = await pdk.sandboxes.create({ backend: 'microvm', memoryMiB: 256, cpu: 0.5 });
   t.teardown(() => a.kill().catch(() => {}));
@@ -154,6 +154,10 @@ test('each VMM is a host user of its own with no capability, in a cgroup boundin
     t.is(readFileSync(cgroupFile(v.cgroup, 'memory', 'memory.limit_in_bytes', 'memory.max'), 'utf8').trim(), String((256 + VMM_OVERHEAD_MIB) * 1024 * 1024));
     t.is(readFileSync(cgroupFile(v.cgroup, 'pids', 'pids.max', 'pids.max'), 'utf8').trim(), '512');
     t.is(statSync(v.dir).uid, v.uid, 'its directory is its own');
+    // Its root is that directory (-chroot): its console log is there, the host's files are not
+    // (no shell, no /etc, no other VM's directory to reach by path).
+    t.true(existsSync(`/proc/${v.pid}/root/console.log`), `QEMU ${v.pid} sees its directory as /`);
+    for (const host of ['bin/sh', 'etc/passwd', 'proc', 'usr']) t.false(existsSync(`/proc/${v.pid}/root/${host}`), `QEMU ${v.pid} sees no /${host}`);
   }
   t.is(new Set(all.map((v) => v.uid)).size, all.length, 'no two VMMs share a user');
   // The sandbox asked for half a CPU: all of its QEMU's threads together get half a period.

@@ -197,9 +197,11 @@ export class FullvmBackend extends MicrovmBackend implements Display {
   private async grab(id: string): Promise<{ png: Uint8Array; width: number; height: number }> {
     const vm = this.running(id);
     // The VM's directory is on the node's run tmpfs: the round trip through a file stays in memory.
-    const file = join(vm.dir, `screen-${randomBytes(4).toString('hex')}.png`);
+    // QEMU names it from inside its chroot, which is that directory (jail.ts).
+    const name = `screen-${randomBytes(4).toString('hex')}.png`;
+    const file = join(vm.vmm.dir, name);
     try {
-      await withTimeout(vm.vmm.qmp.cmd('screendump', { filename: file, format: 'png' }), 10_000, 'screendump');
+      await withTimeout(vm.vmm.qmp.cmd('screendump', { filename: `/${name}`, format: 'png' }), 10_000, 'screendump');
       const png = await readFile(file);
       if (png.length < 24 || png.readUInt32BE(0) !== 0x89504e47) throw new ProtocolError('BACKEND_FAILED', 'fullvm: screendump wrote no PNG');
       return { png, width: png.readUInt32BE(16), height: png.readUInt32BE(20) };

@@ -24,10 +24,12 @@
  */
 import { type ChildProcess, spawn } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
-import { existsSync, mkdirSync, readFileSync } from 'node:fs';
+import { createReadStream, createWriteStream, existsSync, mkdirSync, readFileSync } from 'node:fs';
 import { chmod, chown, copyFile, mkdir, readdir, readFile, rename, rm, stat, writeFile } from 'node:fs/promises';
+import { createConnection, createServer } from 'node:net';
 import { constants as osConstants } from 'node:os';
 import { basename, dirname, join } from 'node:path';
+import { pipeline } from 'node:stream/promises';
 import type { Logger } from 'pino';
 import { diskMiBOf, type FileEntry, Limits, type NetworkPolicy, ProtocolError, type SandboxSpec, type SandboxStats } from '../../protocol/index.ts';
 import { type Backend, type ExecOptions, type ExecOutcome, type HibernateOutcome, type MovableSnapshots, type SandboxFiles, type SnapshotImages, type SnapshotStore, type Snapshotting, type StoredState, verdictOf } from '../backend.ts';
@@ -59,6 +61,62 @@ const SHORT_SOCKETS = '/run/paddock-vm';
  * A VM's socket in its own directory when the path fits a unix address, else under /run (root's
  * alone): a deep PADDOCK_HOME made QEMU refuse the agent socket ("UNIX socket path ... is too long").
  */
+/**
+ * A VMM's outgoing migration (its device state, or all of it) into `file`, written by the node.
+ * QEMU runs chrooted in its VM directory as a user of its own (jail.ts), with no shell to run
+ * `exec:cat` and no way to reach `file`: it connects to a socket the node listens on inside that
+ * directory (reached from here through /proc/<pid>/root, which is its chroot, and short enough for
+ * a socket path however deep the directory is).
+ */
+async function migrateTo(vmm: Vmm, file: string): Promise<void> {
+  const name = `out-${randomBytes(4).toString('hex')}.sock`;
+  const path = join(`/proc/${vmm.proc.pid}/root`, name);
+  const server = createServer();
+  const received = new Promise<void>((resolve, reject) => {
+    server.once('connection', (sock) => {
+      server.close();
+      pipeline(sock, createWriteStream(file, { mode: 0o644 })).then(resolve, reject);
+    });
+  });
+  received.catch(() => {});
+  try {
+    await new Promise<void>((resolve, reject) => {
+      server.once('error', reject);
+      server.listen(path, () => resolve());
+    });
+    await chown(path, vmm.jail.ids.hostId, vmm.jail.ids.hostId);
+    await vmm.qmp.cmd('migrate', { uri: `unix:/${name}` });
+    await vmm.qmp.migrated();
+    await withTimeout(received, MIGRATION_DRAIN_MS, 'the end of the migration stream');
+  } finally {
+    server.close();
+    await rm(path, { force: true });
+  }
+}
+
+/** A waiting VMM (`-incoming defer`) loads `state`: QEMU listens inside its chroot, the node sends the file. */
+async function migrateFrom(vmm: Vmm, state: string): Promise<void> {
+  const name = `in-${randomBytes(4).toString('hex')}.sock`;
+  const path = join(`/proc/${vmm.proc.pid}/root`, name);
+  try {
+    await vmm.qmp.cmd('migrate-incoming', { uri: `unix:/${name}` });
+    const sock = createConnection(path);
+    await new Promise<void>((resolve, reject) => {
+      sock.once('connect', resolve);
+      sock.once('error', reject);
+    });
+    const sent = pipeline(createReadStream(state), sock);
+    sent.catch(() => {});
+    await vmm.qmp.migrated(true);
+    await sent;
+  } finally {
+    await rm(path, { force: true });
+  }
+}
+
+/** How long the node waits for the last bytes of a migration QEMU says is complete. */
+const MIGRATION_DRAIN_MS = 30_000;
+
 export function sockPath(dir: string, name: string): string {
   const p = join(dir, name);
   if (Buffer.byteLength(p) <= SUN_PATH_MAX) return p;
@@ -263,10 +321,10 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore, Mov
       '-qmp', `unix:${sockPath(dir, 'qmp.sock')},server=on,wait=off`,
       '-pidfile', join(dir, 'qemu.pid'),
       '-name', `paddock-${this.o.nodeId}`,
-      // spawn stays allowed: migration to and from files goes through `exec:` (QEMU 7.2 has no `file:`).
-      // set*id too: QEMU loads this filter before `-runas` drops to the VMM's user (jail.ts), and
-      // with no capability left after the drop, and no_new_privs set by the filter, they gain nothing.
-      '-sandbox', 'on,obsolete=deny,elevateprivileges=allow,resourcecontrol=deny',
+      // No spawn: migrations go over sockets the node serves (migrateTo, migrateFrom). set*id stays
+      // allowed: QEMU loads this filter before `-runas` drops to the VMM's user (jail.ts), and with
+      // no capability left after the drop, and no_new_privs set by the filter, they gain nothing.
+      '-sandbox', 'on,obsolete=deny,elevateprivileges=allow,spawn=deny,resourcecontrol=deny',
     ];
     shape.layers.forEach((l, i) => {
       a.push('-drive', `id=l${i},file=${l},format=raw,if=none,readonly=on`, '-device', `virtio-blk-${bus},drive=l${i},serial=pdk-l${i}`);
@@ -369,8 +427,7 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore, Mov
         agent.close();
         await vmm.qmp.cmd('stop');
         await vmm.qmp.cmd('migrate-set-capabilities', { capabilities: [{ capability: 'x-ignore-shared', state: true }] });
-        await vmm.qmp.cmd('migrate', { uri: `exec:cat > ${join(tmp, 'dev')}` });
-        await vmm.qmp.migrated();
+        await migrateTo(vmm, join(tmp, 'dev'));
         await vmm.qmp.cmd('quit').catch(() => {});
         await vmm.exited;
         for (const f of [...SOCKETS, 'qemu.pid']) await rm(f.endsWith('.sock') ? sockPath(tmp, f) : join(tmp, f), { force: true });
@@ -441,8 +498,7 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore, Mov
   /** Brings `vm` up from `state` (template device state or a full snapshot) in a waiting VMM. */
   private async load(vmm: Vmm, state: string): Promise<void> {
     try {
-      await vmm.qmp.cmd('migrate-incoming', { uri: `exec:cat ${state}` });
-      await vmm.qmp.migrated(true);
+      await migrateFrom(vmm, state);
     } catch (e) {
       await Promise.race([vmm.exited, new Promise((r) => setTimeout(r, 500))]);
       throw new ProtocolError('BACKEND_FAILED', `microvm: loading ${state} failed: ${(e as Error).message}: ${lastLines(join(vmm.dir, 'qemu.err'))}`);
@@ -701,20 +757,14 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore, Mov
    */
   private async save(vm: Vm & { vmm: Vmm }, file: string): Promise<number> {
     const q = vm.vmm.qmp;
-    const stage = join(dirname(file), `.saving-${randomBytes(4).toString('hex')}`);
-    const part = join(stage, 'state');
+    const part = `${file}.part-${randomBytes(4).toString('hex')}`;
     try {
-      await mkdir(stage, { mode: 0o700 });
-      await chown(stage, vm.vmm.jail.ids.hostId, vm.vmm.jail.ids.hostId);
       await q.cmd('stop');
       await q.cmd('migrate-set-parameters', { 'max-bandwidth': 64 * 1024 * 1024 * 1024 });
-      await q.cmd('migrate', { uri: `exec:cat > ${part}` });
-      await q.migrated();
-      await chown(part, 0, 0);
-      await chmod(part, 0o644);
+      await migrateTo(vm.vmm, part);
       await rename(part, file);
     } finally {
-      await rm(stage, { recursive: true, force: true });
+      await rm(part, { force: true });
     }
     return (await stat(file)).size;
   }

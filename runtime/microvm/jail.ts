@@ -45,6 +45,8 @@ export interface Jailed {
   ids: IdRange;
   /** The cgroup (below each controller's root). */
   cgroup: string;
+  /** Its VM directory, its own (0700) and its root once started (`-chroot`). */
+  dir: string;
 }
 
 export class VmmJail {
@@ -66,7 +68,7 @@ export class VmmJail {
    */
   async enter(name: string, dir: string, limits: { cpu: number; memoryMiB: number }): Promise<Jailed> {
     const ids = await this.ranges.take();
-    const j: Jailed = { name, ids, cgroup: `${this.parent}/${name}` };
+    const j: Jailed = { name, ids, cgroup: `${this.parent}/${name}`, dir };
     try {
       if (this.mode === 'v2') await this.delegateV2();
       for (const d of this.dirs(j.cgroup)) await mkdir(d, { recursive: true });
@@ -104,7 +106,7 @@ export class VmmJail {
   /** The command that starts `argv` (QEMU's) inside the cgroup, dropping to the VMM's user once QEMU has opened its files. */
   command(j: Jailed, qemu: string, args: string[]): { cmd: string; args: string[] } {
     const procs = this.dirs(j.cgroup).map((d) => join(d, 'cgroup.procs'));
-    return { cmd: '/bin/sh', args: ['-c', `for f in ${procs.map(shellQuote).join(' ')}; do echo $$ > "$f" || exit 126; done; exec "$@"`, 'sh', qemu, ...args, '-runas', `${j.ids.hostId}:${j.ids.hostId}`] };
+    return { cmd: '/bin/sh', args: ['-c', `for f in ${procs.map(shellQuote).join(' ')}; do echo $$ > "$f" || exit 126; done; exec "$@"`, 'sh', qemu, ...args, '-chroot', j.dir, '-runas', `${j.ids.hostId}:${j.ids.hostId}`] };
   }
 
   /** Once the VMM has exited: ends what is left in its cgroup, removes it, and gives its user back. */
