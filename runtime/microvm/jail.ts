@@ -6,9 +6,12 @@
  *   runtime/ids.ts). From then on it has no capability and, its seccomp filter having set
  *   no_new_privs, cannot gain one. QEMU installs that filter before it drops, so the filter must
  *   allow set*id (`elevateprivileges=deny` made `-runas` die with SIGSYS, tried here); without
- *   CAP_SETUID the calls cannot take anything back. What it writes after the drop (a hibernation's
- *   state through `exec:cat`, a screenshot) goes to its own directory, owned by that user, mode 0700:
- *   no other VMM can read or change it.
+ *   CAP_SETUID the calls cannot take anything back.
+ * - **Root.** It is chrooted (`-chroot`, applied with the drop) in its own VM directory, owned by
+ *   that user, mode 0700: no other VMM can read or change it, and nothing of the host's files is
+ *   reachable by path (no shell, no /proc, no other VM). What it writes after the drop (a
+ *   screenshot) lands there; migrations go over sockets the node serves there, and its seccomp
+ *   filter denies spawning anything.
  * - **Cgroup.** CPU bandwidth of the sandbox's `cpu` (all QEMU's threads together: vCPUs, the TCG
  *   translator, I/O), memory bounded to the guest's RAM plus QEMU's own overhead (VMM_OVERHEAD_MIB,
  *   measured), and pids. A QEMU that goes past its memory is killed by the kernel, and the sandbox
@@ -33,7 +36,7 @@ import { readText } from '../sync-read.ts';
  * bound, 704 MiB, and went through). Room to spare above that: only a VMM gone wrong meets it.
  */
 export const VMM_OVERHEAD_MIB = Number(process.env.PADDOCK_VMM_OVERHEAD_MIB) || 192;
-/** QEMU's threads: vCPUs, its I/O worker pool (up to 64), the main loop, `exec:` children. */
+/** QEMU's threads: vCPUs, its I/O worker pool (up to 64), the main loop. */
 const VMM_PIDS = 512;
 const PERIOD_US = 100_000;
 const V1_CONTROLLERS = ['cpu', 'memory', 'pids'];
