@@ -17,6 +17,7 @@ import {
   type CreateReply,
   check,
   decode,
+  decodeRequest,
   encode,
   type GroupReply,
   Limits,
@@ -272,9 +273,10 @@ export class PlacementHost {
     if (!m.reply) return;
     let ids: string[];
     try {
-      ids = check(Schema.PlacePendingRequest, decode(m.data), 'INVALID_REQUEST', 'place.pending').ids;
+      ids = check(Schema.PlacePendingRequest, decodeRequest(m.data), 'INVALID_REQUEST', 'place.pending').ids;
     } catch (err) {
-      if (err instanceof ProtocolError) m.respond(encode({ ok: false, error: err.toWire() }));
+      const e = err instanceof ProtocolError ? err : new ProtocolError('INVALID_REQUEST', `place.pending: the payload is not MessagePack (${(err as Error).message})`);
+      m.respond(encode({ ok: false, error: e.toWire() }));
       return;
     }
     const now = Date.now();

@@ -69,6 +69,15 @@ test.serial('malformed, oversize and unknown-verb messages get error replies; th
   t.is(codeOf(await raw(nc, subjects.placeCreate, encode({ spec: { env: { BIG: 'x'.repeat(1024 * 1024) } } }))), 'PAYLOAD_TOO_LARGE');
   t.is(codeOf(await raw(nc, subjects.placeCreate, encode({ spec: { env: { BIG: 'x'.repeat(200 * 1024) } } }))), 'INVALID_SPEC');
 
+  // The probe of creates in flight: every replica answers a bad one; a good one about ids no
+  // replica holds gets silence (each answers only for what it holds).
+  t.is(codeOf(await raw(nc, subjects.placePending, new Uint8Array([0xc1, 0xff]))), 'INVALID_REQUEST');
+  t.is(codeOf(await raw(nc, subjects.placePending, encode({ ids: [] }))), 'INVALID_REQUEST');
+  t.is(codeOf(await raw(nc, subjects.placePending, encode({ ids: 'sb-x' }))), 'INVALID_REQUEST');
+  t.is(codeOf(await raw(nc, subjects.placePending, encode({ ids: ['bad.id'] }))), 'INVALID_REQUEST');
+  t.is(codeOf(await raw(nc, subjects.placePending, encode({ ids: Array.from({ length: 1001 }, (_, i) => `sb-${i}`) }))), 'INVALID_REQUEST');
+  await t.throwsAsync(nc.request(subjects.placePending, encode({ ids: ['sb-nobody-holds-this'] }), { timeout: 1000 }), { message: /timeout/i });
+
   const sb = await pdk.sandboxes.create({});
   t.teardown(() => sb.kill());
   t.is(codeOf(await raw(nc, `pdk.v1.sb.${sb.id}.launch-missiles`, encode({}))), 'UNKNOWN_VERB');
