@@ -25,7 +25,7 @@ import { ROOT } from '../runtime/source.ts';
 import { type RunningBridge, startBridge } from './bridge-main.ts';
 import { type RunningGateway, startUpGateway } from './gateway/index.ts';
 import { type NodeProcess, startNode } from './local.ts';
-import { type EmbeddedNats, natsStoreDir, startNats } from './nats.ts';
+import { type EmbeddedNats, natsStoreDir, startNats, storeFullProbe } from './nats.ts';
 
 /** What $PADDOCK_HOME/paddock.pid says about the `paddock up` serving that home. */
 export interface UpRecord {
@@ -97,6 +97,10 @@ async function removeIfOurs(file: string, test: (s: string) => boolean): Promise
 export class UpError extends Error {}
 
 /** Restarts of one child allowed within RESTART_WINDOW_MS before `up` gives up and stops. */
+/** How often `up` looks at its nats-server's store disk (a statfs; JetStream is asked only after the disk was full). */
+const STORE_WATCH_MS = 2000;
+/** How long a nats-server restarted after a full disk gets to stop by itself. */
+const NATS_STOP_GRACE_MS = 5000;
 const RESTART_LIMIT = 5;
 const RESTART_WINDOW_MS = 60_000;
 
@@ -127,6 +131,7 @@ export async function up(o: { nats?: string; say: (s: string) => void; show: (s:
   let nats: EmbeddedNats | undefined;
   /** The embedded nats-server's store (the node checks its disk when JetStream stops answering). */
   let natsStore: string | undefined;
+  let storeWatch: NodeJS.Timeout | undefined;
   let node: NodeProcess | undefined;
   let gateway: RunningGateway | undefined;
   let starting: Promise<NodeProcess> | undefined;
@@ -140,6 +145,7 @@ export async function up(o: { nats?: string; say: (s: string) => void; show: (s:
   });
 
   const teardown = async () => {
+    clearInterval(storeWatch);
     // startNode hands out no process until the node is ready: wait for it, then stop it, so a
     // stop during the first start (busybox layer build) leaves no node behind.
     if (!node && starting !== undefined) node = await starting.catch(() => undefined);
@@ -225,6 +231,31 @@ export async function up(o: { nats?: string; say: (s: string) => void; show: (s:
         }
       };
       watchNats(nats);
+      // nats-server 2.9 whose store filled its disk answers no JetStream call again, even once
+      // space is freed, until it is restarted (test/full-disk.test.ts); and asking JetStream does
+      // not tell (account info still answers while a stream's writes are stuck). So once its disk,
+      // seen full, has room again, nats-server is restarted, once (the watch above does it: same
+      // port, same store): a second of control-plane outage, which nodes and clients ride out.
+      const storeDir = natsStore as string;
+      let sawFull = false;
+      storeWatch = setInterval(() => {
+        if (stopping || !nats) return;
+        if (storeFullProbe(storeDir)()) {
+          sawFull = true;
+          return;
+        }
+        if (!sawFull || !nats.proc.pid) return;
+        sawFull = false;
+        o.say(`nats-server's store had filled its disk (${storeDir}), which has room again: restarting nats-server, whose JetStream stops writing after a full disk (the sandboxes keep running)`);
+        // A nats-server stuck so does not finish a SIGTERM's shutdown (seen: still up a minute
+        // later): SIGKILL after a few seconds. JetStream reads its store back after a crash.
+        const proc = nats.proc;
+        proc.kill('SIGTERM');
+        setTimeout(() => {
+          if (proc.exitCode === null && proc.signalCode === null) proc.kill('SIGKILL');
+        }, NATS_STOP_GRACE_MS).unref();
+      }, STORE_WATCH_MS);
+      storeWatch.unref();
       await writeAtomic(urlFile, `${natsUrl}\n`);
       wroteUrl = natsUrl;
     }

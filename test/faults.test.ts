@@ -4,13 +4,10 @@
  * first server is down. Each asserts what a user relies on: sandboxes alive afterwards, records
  * true, no output lost without a marker, a clear error instead of a long silence.
  */
-import { type ChildProcess, spawn } from 'node:child_process';
-import { existsSync, readFileSync } from 'node:fs';
-import { mkdtemp, readFile, rm } from 'node:fs/promises';
+import { existsSync } from 'node:fs';
+import { readFile } from 'node:fs/promises';
 import { createServer } from 'node:net';
-import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { JetStreamApiError, jetstreamManager } from '@nats-io/jetstream';
 import { connect } from '@nats-io/transport-node';
 import anyTest, { type TestFn } from 'ava';
@@ -18,10 +15,10 @@ import { type NodeProcess, startNode } from '../ops/local.ts';
 import { natsFailure } from '../protocol/index.ts';
 import { type ExecStreamEvent, Paddock, PaddockError } from '../sdk/index.ts';
 import { type ClusterContext, SHARED_IMAGES, startTestCluster, stopTestCluster } from './helpers/cluster.ts';
+import { paddockUp } from './helpers/up.ts';
 import { eventually } from './helpers/wait.ts';
 
 const test = anyTest as TestFn<ClusterContext>;
-const ROOT = fileURLToPath(new URL('..', import.meta.url));
 
 test.before(async (t) => {
   // A small stream buffer, so that one case can outrun it and see the gap.
@@ -173,27 +170,6 @@ test.serial('a stream whose node is killed ends with UNAVAILABLE; the node resta
   t.is(rec?.state, 'failed');
   t.is(rec?.reason, 'node_restarted');
 });
-
-/** `paddock up` in a home of its own, as a person runs it; stopped (SIGTERM) by the teardown. */
-async function paddockUp(t: { teardown(fn: () => Promise<void>): void }) {
-  const home = await mkdtemp(join(tmpdir(), 'paddock-faults-up-'));
-  const env: NodeJS.ProcessEnv = { ...process.env, PADDOCK_HOME: home, PADDOCK_NODE_ID: `f${process.pid}up`, PADDOCK_FN_BUILD: '0', PADDOCK_IMAGES_DIR: SHARED_IMAGES, PADDOCK_HEARTBEAT_MS: '500' };
-  delete env.NATS_URL;
-  const child: ChildProcess = spawn(process.execPath, ['--import', 'tsx', join(ROOT, 'ops/cli/main.ts'), 'up'], { cwd: ROOT, env, detached: true, stdio: ['ignore', 'pipe', 'pipe'] });
-  let text = '';
-  child.stdout?.on('data', (d: Buffer) => (text += d.toString()));
-  child.stderr?.on('data', (d: Buffer) => (text += d.toString()));
-  const exited = new Promise<number | null>((r) => child.on('exit', (c) => r(c)));
-  t.teardown(async () => {
-    if (child.exitCode === null && child.signalCode === null && child.pid) process.kill(child.pid, 'SIGTERM');
-    await exited;
-    await rm(home, { recursive: true, force: true });
-  });
-  const ready = await eventually(async () => text.includes('Paddock is up') || child.exitCode !== null, 300_000);
-  if (!ready || !text.includes('Paddock is up')) throw new Error(`paddock up did not come up:\n${text}`);
-  const record = () => JSON.parse(readFileSync(join(home, 'paddock.pid'), 'utf8')) as { pid: number; nats: string; natsPid?: number; nodePid?: number; node: string; http?: string; startedAt: number };
-  return { child, home, exited, record, out: () => text };
-}
 
 function alive(pid: number | undefined): boolean {
   if (!pid) return false;

@@ -1,31 +1,29 @@
 /**
- * The disk under JetStream fills up while sandboxes run: a real tmpfs under the embedded
- * nats-server's store, filled to the last block. nats-server 2.9 then answers no JetStream call at
- * all (no error, only silence, until it is restarted), so a full disk is told by looking at it.
+ * The disk under JetStream fills up while sandboxes run, under `paddock up`: a real tmpfs under
+ * the embedded nats-server's store, filled to the last page. nats-server 2.9 then answers no
+ * JetStream call at all (no error, only silence), and not even once space is freed, until it is
+ * restarted: a full disk is told by looking at it, and `up` restarts a nats-server it saw so.
  */
-import { mkdir, mkdtemp, readFile, rm } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
+import { readFile, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import test from 'ava';
-import { startLocalCluster } from '../ops/local.ts';
 import { run } from '../runtime/proc.ts';
 import { Paddock, PaddockError } from '../sdk/index.ts';
-import { SHARED_IMAGES } from './helpers/paths.ts';
+import { paddockUp } from './helpers/up.ts';
 import { eventually } from './helpers/wait.ts';
 
 test('a full disk under JetStream: sandboxes keep working, the command log and the directory say disk_full, the node logs it once', async (t) => {
   t.timeout(300_000);
-  const home = await mkdtemp(join(tmpdir(), 'paddock-full-disk-'));
-  const natsDir = join(home, 'nats');
-  await mkdir(natsDir);
-  await run('mount', ['-t', 'tmpfs', '-o', 'size=48m,mode=0755', 'paddock-test-full', natsDir]);
-  t.teardown(async () => {
-    await run('umount', ['-l', natsDir], { allowFail: true });
-    await rm(home, { recursive: true, force: true });
+  const up = await paddockUp(t, {
+    prepare: async (home) => {
+      await run('mkdir', ['-p', join(home, 'nats')]);
+      await run('mount', ['-t', 'tmpfs', '-o', 'size=48m,mode=0755', 'paddock-test-full', join(home, 'nats')]);
+    },
+    cleanup: async (home) => void (await run('umount', ['-l', join(home, 'nats')], { allowFail: true })),
   });
-  const cluster = await startLocalCluster({ home, nodes: 1, prefix: `t${process.pid}full`, imagesDir: SHARED_IMAGES, env: { PADDOCK_HEARTBEAT_MS: '500' } });
-  t.teardown(() => cluster.stop());
-  const pdk = await Paddock.connect({ servers: cluster.url, timeoutMs: 30_000 });
+  const natsDir = join(up.home, 'nats');
+  const first = up.record();
+  const pdk = await Paddock.connect({ servers: first.nats, timeoutMs: 30_000 });
   t.teardown(() => Promise.race([pdk.close().catch(() => {}), new Promise((r) => setTimeout(r, 5000))]).then(() => {}));
 
   const ro = await pdk.rollouts.start({ sandbox: { image: 'busybox', memoryMiB: 64 } });
@@ -81,16 +79,22 @@ test('a full disk under JetStream: sandboxes keep working, the command log and t
   t.is((listed as PaddockError).detail?.reason, 'disk_full', String(listed));
 
   // Logged by the node, once per failure and cause, not once per request.
-  const log = (await readFile(cluster.nodes[0]?.logFile as string, 'utf8')).split('\n');
+  const log = (await readFile(join(up.home, 'logs', `node-${first.node}.log`), 'utf8')).split('\n');
   const said = log.filter((l) => l.includes('"reason":"disk_full"') && l.includes('"what":"the command log"'));
   t.is(said.length, 1, said.join('\n'));
 
-  // Space again. nats-server 2.9 stays silent until restarted (up restarts it when it dies; a
-  // person restarts it here): then the step runs, once, and the record is true.
+  // Space again. nats-server 2.9 stays silent until restarted: up, having seen its disk full,
+  // restarts it once there is room again. Then the step runs, once, and the record is true.
   await rm(join(natsDir, 'filler'));
   await rm(join(natsDir, 'filler2'));
-  await cluster.restartNats();
-  const step = await eventually(() => ro.exec(['sh', '-c', 'echo one >> /tmp/log'], { timeoutMs: 10_000 }).catch(() => undefined), 60_000);
+  const restarted = await eventually(async () => {
+    const r = up.record();
+    return r.natsPid !== first.natsPid ? r : undefined;
+  }, 60_000);
+  t.truthy(restarted, up.out());
+  t.regex(up.out(), /filled its disk .* has room again: restarting nats-server/);
+  t.is(restarted?.nats, first.nats);
+  const step = await eventually(() => ro.exec(['sh', '-c', 'echo one >> /tmp/log'], { timeoutMs: 10_000 }).catch(() => undefined), 90_000);
   t.is(step?.step, failedStep);
   t.is((await sb.exec(['cat', '/tmp/log'])).stdout, `zero\n${ran}one\n`);
   const rec = await eventually(async () => (await pdk.sandboxes.list().catch(() => [])).find((s) => s.id === sb.id), 60_000);
