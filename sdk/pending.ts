@@ -106,12 +106,8 @@ export class PendingCreates {
   }
 
   private async probe(): Promise<void> {
-    if (this.probing || !this.t.isConnected || this.t.nc.isClosed()) {
-      // Down: the create is sent again on reconnect; silence now says nothing about it.
-      const now = Date.now();
-      if (!this.t.isConnected) for (const w of this.watched.values()) w.heldAt = now;
-      return;
-    }
+    // Down: the create is sent again on reconnect, which restarts every watch's clock (start).
+    if (this.probing || !this.t.isConnected || this.t.nc.isClosed()) return;
     const now = Date.now();
     const due = [...this.watched.values()].filter((w) => now - w.sentAt >= PROBE_MS);
     if (due.length === 0) return;

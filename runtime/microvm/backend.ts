@@ -30,7 +30,7 @@ import { closeSync, existsSync, mkdirSync, openSync, readFileSync } from 'node:f
 import { chmod, chown, copyFile, mkdir, readdir, readFile, rename, rm, stat, writeFile } from 'node:fs/promises';
 import { createConnection, createServer, type Socket } from 'node:net';
 import { constants as osConstants } from 'node:os';
-import { basename, dirname, join } from 'node:path';
+import { basename, join } from 'node:path';
 import type { Logger } from 'pino';
 import { diskMiBOf, type FileEntry, Limits, type NetworkPolicy, ProtocolError, type SandboxSpec, type SandboxStats } from '../../protocol/index.ts';
 import { type Backend, type ExecOptions, type ExecOutcome, type HibernateOutcome, type MovableSnapshots, type SandboxFiles, type SnapshotImages, type SnapshotStore, type Snapshotting, type StoredState, verdictOf } from '../backend.ts';
