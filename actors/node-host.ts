@@ -36,6 +36,7 @@ import {
   type Resources,
   type SandboxInfo,
   type SandboxSpec,
+  type SandboxState,
   Schema,
   type SnapshotInfo,
   type SnapshotsDeleteReply,
@@ -48,7 +49,7 @@ import {
   validateNodeGroup,
 } from '../protocol/index.ts';
 import { Attr } from '../protocol/trace.ts';
-import { canSnapshot, keepsSnapshots, movesSnapshots } from '../runtime/backend.ts';
+import { type Backend, canSnapshot, keepsSnapshots, movesSnapshots } from '../runtime/backend.ts';
 import type { BackendSet } from '../runtime/backends.ts';
 import type { NodeConfig } from '../runtime/config.ts';
 import type { NodeImages } from '../runtime/images/node-images.ts';
@@ -58,7 +59,7 @@ import { serve, tracer } from './bind.ts';
 import type { FnHost } from './fncall-host.ts';
 import type { Inspector } from './inspect.ts';
 import { admissionState, nodeMachine, pickVictims, refusal, underPressure } from './node.ts';
-import { SandboxHost, type SandboxSnapshots } from './sandbox-host.ts';
+import { SandboxHost, type SandboxHostDeps, type SandboxSnapshots } from './sandbox-host.ts';
 
 /** Time as the node sees it: injected so heartbeat and pressure logic can run on a test clock. */
 export interface NodeClock {
@@ -116,6 +117,8 @@ interface HeldSnapshot {
 }
 
 const MiB = 1024 * 1024;
+/** States of a sandbox, as its record had it when the node died, in which a taken-up sandbox is woken again. */
+const WAKE_AFTER_RESTART = new Set<SandboxState>(['running', 'resuming', 'restoring']);
 /** How long a migration waits for placement to make the sandbox's copy elsewhere. */
 const MIGRATE_CREATE_MS = 120_000;
 /** How long a migration waits for a sandbox's calls under way to end before it gives up on moving it. */
@@ -177,9 +180,10 @@ export class NodeHost {
 
   async start(): Promise<void> {
     this.imageNames = await this.deps.images.list();
-    await this.markOrphans();
-    await this.loadSnapshots();
+    // Started first: sandboxes taken up from the previous run are admitted like new ones.
     this.supervisor.start();
+    await this.takeUpOrMark();
+    await this.loadSnapshots();
     const { nc } = this.deps;
     const log = this.log;
     this.subs.push(serve(nc, subjects.node(this.id, 'create'), { log, nodeId: this.id, name: 'node.create', maxBytes: Limits.createBytesMax }, (req) => this.create(req.body)));
@@ -193,16 +197,69 @@ export class NodeHost {
     this.timers.push(this.clock.every(this.deps.cfg.pressure.intervalMs, () => void this.watchMemory()));
   }
 
-  /** Directory records this node left running when it died: they did not survive, say so. */
-  private async markOrphans(): Promise<void> {
+  /**
+   * Directory records this node left live when it died. A sandbox its backend kept (a VM's state
+   * on disk: recover) is taken up under its id, hibernated, and woken if it was running; the rest
+   * did not survive, and their records say so.
+   */
+  private async takeUpOrMark(): Promise<void> {
     const { directory, nc } = this.deps;
     const now = this.clock.now();
+    const kept = new Map(this.deps.backends.kept().map((k) => [k.id, k]));
+    const wake: SandboxHost[] = [];
     for (const { key, value: info } of await scanKv<SandboxInfo>(directory)) {
       if (info.node !== this.id || info.state === 'stopped' || info.state === 'failed') continue;
+      const k = kept.get(key);
+      kept.delete(key);
+      // A create or a kill under way when the node died: its caller got an error, or wanted it gone.
+      if (k && k.kind === info.backend && info.state !== 'creating' && info.state !== 'stopping') {
+        const h = await this.takeUp(key, k.kind, k.spec, info).catch((err: unknown) => {
+          this.log.warn({ err, sandbox: key }, 'a sandbox kept across the restart could not be taken up');
+          return undefined;
+        });
+        if (h) {
+          if (WAKE_AFTER_RESTART.has(info.state)) wake.push(h);
+          continue;
+        }
+      }
+      if (k) await this.deps.backends.get(k.kind)?.backend.destroy(key).catch(() => {});
       const ended: SandboxInfo = { ...info, state: 'failed', reason: 'node_restarted', endedAt: now, error: { code: 'BACKEND_FAILED', message: `node ${this.id} restarted; the sandbox was lost`, retryable: false } };
       await directory.put(key, encode(ended));
       nc.publish(subjects.event(key, 'failed'), encode(ended));
     }
+    // Kept, but the directory has them as no live sandbox of this node's: nobody could reach them.
+    for (const k of kept.values()) await this.deps.backends.get(k.kind)?.backend.destroy(k.id).catch(() => {});
+    if (this.sandboxes.size > 0) this.log.warn({ sandboxes: [...this.sandboxes.keys()], waking: wake.length }, 'took up sandboxes the previous run left (hibernated; those that were running are restored)');
+    if (wake.length > 0) void this.wake(wake);
+  }
+
+  /** A kept sandbox under an actor again, admitted as at its create, hibernated. */
+  private async takeUp(id: string, kind: BackendKind, spec: SandboxSpec, info: SandboxInfo): Promise<SandboxHost> {
+    const open = this.deps.backends.for(kind, this.id);
+    const admit = { type: 'ADMIT' as const, id, kind, need: needOf(spec) };
+    if (!this.supervisor.getSnapshot().can(admit)) throw new Error(`no room: ${refusal(this.supervisor.getSnapshot().context, kind, admit.need) ?? 'refused'}`);
+    this.supervisor.send(admit);
+    const host = new SandboxHost(this.hostDeps(open.backend, { adopt: { createdAt: info.createdAt, expiresAt: info.expiresAt } }), id, spec);
+    this.sandboxes.set(id, host);
+    const got = await host.start();
+    if (got.state !== 'hibernated') throw new Error(`it is ${got.state}`);
+    return host;
+  }
+
+  /** Restores taken-up sandboxes that were running, two at a time (each is a VMM's start and a state's load). */
+  private async wake(hosts: SandboxHost[]): Promise<void> {
+    const limit = new Semaphore(2);
+    await Promise.all(
+      hosts.map((h) =>
+        limit.run(async () => {
+          if (h.state !== 'hibernated') return;
+          await h.lifecycle({ type: 'RESTORE' }).then(
+            () => this.log.info({ sandbox: h.id }, 'restored a sandbox taken up after the restart'),
+            (err: unknown) => this.log.warn({ err, sandbox: h.id }, 'a sandbox taken up after the restart did not restore'),
+          );
+        }),
+      ),
+    );
   }
 
   /**
@@ -420,33 +477,7 @@ export class NodeHost {
     this.admissible(admit);
     this.supervisor.send(admit);
 
-    const host = new SandboxHost(
-      {
-        nc: this.deps.nc,
-        backend: open.backend,
-        directory: this.deps.directory,
-        nodeId: this.id,
-        log: this.log,
-        maxOutputBytes: this.deps.cfg.maxOutputBytes,
-        ...(this.deps.cfg.streamBufferBytes !== undefined ? { streamBufferBytes: this.deps.cfg.streamBufferBytes } : {}),
-        ...(this.deps.cfg.processBufferBytes !== undefined ? { processBufferBytes: this.deps.cfg.processBufferBytes } : {}),
-        maxPayload: this.deps.nc.info?.max_payload ?? 1024 * 1024,
-        journal: this.deps.journal,
-        ...(this.deps.inspect ? { inspect: this.deps.inspect } : {}),
-        ...(snap ? { restoreFrom: snap.name } : {}),
-        snapshots: this.snapshotService,
-        onFinal: (h) => {
-          this.sandboxes.delete(h.id);
-          this.supervisor.send({ type: 'RELEASE', id: h.id });
-          // An end whose record could not be written (NATS away) is written after the reconnect.
-          void h.written().then((ok) => {
-            if (!ok) this.unwritten.set(h.id, h);
-          });
-        },
-      },
-      id,
-      spec,
-    );
+    const host = new SandboxHost(this.hostDeps(open.backend, snap ? { restoreFrom: snap.name } : {}), id, spec);
     this.sandboxes.set(id, host);
     // Creates beyond a few at once only slow each other down (2 cores share mount and crun work):
     // queueing them keeps the same throughput and gives early callers an early answer.
@@ -456,6 +487,32 @@ export class NodeHost {
       throw new ProtocolError(e?.code ?? 'BACKEND_FAILED', `create failed: ${e?.message ?? 'unknown error'}`);
     }
     return { sandbox: info };
+  }
+
+  private hostDeps(backend: Backend, extra: Pick<SandboxHostDeps, 'restoreFrom' | 'adopt'>): SandboxHostDeps {
+    return {
+      nc: this.deps.nc,
+      backend,
+      directory: this.deps.directory,
+      nodeId: this.id,
+      log: this.log,
+      maxOutputBytes: this.deps.cfg.maxOutputBytes,
+      ...(this.deps.cfg.streamBufferBytes !== undefined ? { streamBufferBytes: this.deps.cfg.streamBufferBytes } : {}),
+      ...(this.deps.cfg.processBufferBytes !== undefined ? { processBufferBytes: this.deps.cfg.processBufferBytes } : {}),
+      maxPayload: this.deps.nc.info?.max_payload ?? 1024 * 1024,
+      journal: this.deps.journal,
+      ...(this.deps.inspect ? { inspect: this.deps.inspect } : {}),
+      ...extra,
+      snapshots: this.snapshotService,
+      onFinal: (h) => {
+        this.sandboxes.delete(h.id);
+        this.supervisor.send({ type: 'RELEASE', id: h.id });
+        // An end whose record could not be written (NATS away) is written after the reconnect.
+        void h.written().then((ok) => {
+          if (!ok) this.unwritten.set(h.id, h);
+        });
+      },
+    };
   }
 
   /**

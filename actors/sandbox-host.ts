@@ -73,6 +73,11 @@ export interface SandboxHostDeps {
   restoreFrom?: string;
   /** The node's snapshots and forks: they need its admission, disk budget and snapshot table. */
   snapshots?: SandboxSnapshots;
+  /**
+   * A sandbox of the node's previous run that its backend kept (hibernated) and this run takes up:
+   * it keeps its record's times, and its create is nothing more.
+   */
+  adopt?: { createdAt: number; expiresAt: number };
 }
 
 /** What the `snapshot` and `fork` verbs ask of the node that holds the sandbox. */
@@ -115,6 +120,7 @@ export class SandboxHost {
         const h = SandboxHost.of(system);
         const from = h.deps.restoreFrom;
         const b = h.deps.backend;
+        if (h.deps.adopt) return;
         if (from === undefined) await b.create(h.id, h.spec);
         else if (canSnapshot(b)) await b.restoreFrom(from, h.id, h.spec);
         else throw new ProtocolError('INVALID_SPEC', `backend ${h.spec.backend} has no snapshots`, { detail: { field: 'fromSnapshot' } });
@@ -200,6 +206,8 @@ export class SandboxHost {
     readonly spec: SandboxSpec,
   ) {
     const now = Date.now();
+    const createdAt = deps.adopt?.createdAt ?? now;
+    const expiresAt = deps.adopt?.expiresAt ?? now + spec.ttlSec * 1000;
     this.processes = new ProcessTable(id);
     this.info = {
       id,
@@ -212,15 +220,15 @@ export class SandboxHost {
       labels: spec.labels,
       qos: spec.qos,
       idleAction: spec.idleAction,
-      createdAt: now,
-      expiresAt: now + spec.ttlSec * 1000,
+      createdAt,
+      expiresAt,
     };
     if (spec.toolkit) this.info.toolkit = spec.toolkit;
     if (spec.workspace) this.info.workspace = spec.workspace;
     if (spec.group) this.info.group = spec.group;
     if (spec.idleTimeoutSec !== undefined) this.info.idleTimeoutSec = spec.idleTimeoutSec;
     this.actor = createActor(SandboxHost.machine, {
-      input: { id, ttlMs: spec.ttlSec * 1000, idleAction: spec.idleAction, ...(spec.idleTimeoutSec !== undefined ? { idleMs: spec.idleTimeoutSec * 1000 } : {}) },
+      input: { id, ttlMs: Math.max(0, expiresAt - now), idleAction: spec.idleAction, ...(spec.idleTimeoutSec !== undefined ? { idleMs: spec.idleTimeoutSec * 1000 } : {}), ...(deps.adopt ? { adopted: true } : {}) },
       ...(deps.clock ? { clock: deps.clock } : {}),
       ...(deps.inspect ? { inspect: deps.inspect } : {}),
     });
@@ -255,9 +263,9 @@ export class SandboxHost {
       this.sub = serve(this.deps.nc, subjects.sandboxAll(this.id), { log: this.deps.log, nodeId: this.deps.nodeId }, (req) => this.handle(req));
       this.publishEvent();
       this.actor.start();
-      await this.until(['running', 'stopped', 'failed']);
+      await this.until(this.deps.adopt ? ['hibernated', 'stopped', 'failed'] : ['running', 'stopped', 'failed']);
       await this.published;
-      if (!this.claimed && !this.duplicateOf && this.state === 'running') {
+      if (!this.claimed && !this.duplicateOf && (this.state === 'running' || this.state === 'hibernated')) {
         // Not in the directory, no one could find it, and another node may yet take its id: a
         // create that cannot be recorded fails (the caller may try again) rather than leak.
         await this.kill();

@@ -12,6 +12,9 @@
  *      │         └──────────────────────────────────────────────┘
  *      └──error──▶ failed
  *
+ * A sandbox a restarted node takes up (its backend kept it, hibernated, across the restart) goes
+ * from creating straight to live.hibernated.
+ *
  * The ttl (maximum lifetime) runs on `live` as a whole, so pausing does not stop the clock. The
  * idle timer runs only while `running` with no exec or file call in flight. A kill that arrives
  * while creating or hibernating waits for that step to finish, then stops the sandbox: never a
@@ -30,6 +33,11 @@ export interface SandboxInput {
   /** No exec or file call for this long → `idleAction`. Absent: never idle out. */
   idleMs?: number;
   idleAction?: IdleAction;
+  /**
+   * Taken up by a restarted node: the backend holds it hibernated already (its create is a no-op),
+   * and the actor starts there instead of in running.
+   */
+  adopted?: boolean;
 }
 
 export interface SandboxContext {
@@ -47,6 +55,7 @@ export interface SandboxContext {
   sleepReason?: string;
   /** What the last hibernation gave back. */
   released?: { bytes: number; swapped: boolean };
+  adopted: boolean;
 }
 
 export type SandboxEvent =
@@ -101,6 +110,7 @@ export const sandboxMachine = setup({
     idleHibernate: ({ context }) => idles(context) && context.idleAction === 'hibernate',
     idleKill: ({ context }) => idles(context) && context.idleAction === 'kill',
     lastActivity: ({ context }) => context.inflight <= 1,
+    adopted: ({ context }) => context.adopted,
   },
   actions: {
     requestKill: assign({ killRequested: true, reason: ({ event }) => (event.type === 'KILL' ? (event.reason ?? 'killed') : 'killed') }),
@@ -119,13 +129,15 @@ export const sandboxMachine = setup({
     idleAction: input.idleAction ?? 'pause',
     inflight: 0,
     killRequested: false,
+    adopted: input.adopted ?? false,
   }),
   states: {
     creating: {
       invoke: {
         src: 'create',
         input: ({ context }) => ({ id: context.id }),
-        onDone: { target: 'live' },
+        // Taken up after a node's restart, it is where its backend kept it: hibernated.
+        onDone: [{ guard: 'adopted', target: '#sandbox.live.hibernated', actions: assign({ sleepReason: 'node_restarted' }) }, { target: 'live' }],
         onError: {
           target: 'failed',
           actions: assign({ reason: 'create_failed' as const, error: ({ event }) => toWireError(event.error) }),

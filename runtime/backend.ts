@@ -137,7 +137,10 @@ export interface Backend {
   stats?(id: string): Promise<SandboxStats>;
   /** Removes everything the sandbox had: processes, mounts, cgroups, state. Idempotent. */
   destroy(id: string): Promise<void>;
-  /** Finds and removes the leftovers of a previous run of this node (after a crash); their ids. */
+  /**
+   * Finds and removes the leftovers of a previous run of this node (after a crash); their ids.
+   * A backend that can (capability Adopting) keeps the sandboxes it can take up instead.
+   */
   recover(): Promise<string[]>;
   /** Unmounts shared layers and the like; sandboxes must be destroyed first. */
   close(): Promise<void>;
@@ -274,6 +277,19 @@ export function canSnapshot(b: Backend): b is Backend & Snapshotting {
 
 export function keepsSnapshots(b: Backend): b is Backend & Snapshotting & SnapshotStore {
   return canSnapshot(b) && typeof (b as Partial<SnapshotStore>).listSnapshots === 'function' && typeof (b as Partial<SnapshotStore>).deleteSnapshot === 'function';
+}
+
+/**
+ * Capability: sandboxes that outlive the node's process (a VM's state is a file, its VMM a process
+ * of its own). `recover` keeps what it can of a previous run instead of removing it, hibernated;
+ * `kept` says which, with the spec each was made with, and the node takes them up under their ids.
+ */
+export interface Adopting {
+  kept(): Array<{ id: string; spec: SandboxSpec }>;
+}
+
+export function canAdopt(b: Backend): b is Backend & Adopting {
+  return typeof (b as Partial<Adopting>).kept === 'function';
 }
 
 export function hasDisplay(b: Backend): b is Backend & Display {

@@ -4,7 +4,7 @@
  */
 import type { BackendKind, Resources, SandboxSpec } from '../protocol/index.ts';
 import { ProtocolError } from '../protocol/index.ts';
-import type { Backend, BackendContext, BackendPlugin } from './backend.ts';
+import { type Backend, type BackendContext, type BackendPlugin, canAdopt } from './backend.ts';
 import { containerPlugin } from './container/index.ts';
 import { fullvmPlugin } from './fullvm/index.ts';
 import { microvmPlugin } from './microvm/index.ts';
@@ -77,6 +77,13 @@ export class BackendSet {
       const ids = await b.backend.recover();
       if (ids.length > 0) out[b.kind] = ids;
     }
+    return out;
+  }
+
+  /** Sandboxes of a previous run the backends kept (recover), hibernated, to be taken up by the node. */
+  kept(): Array<{ kind: BackendKind; id: string; spec: SandboxSpec }> {
+    const out: Array<{ kind: BackendKind; id: string; spec: SandboxSpec }> = [];
+    for (const b of this.open.values()) if (canAdopt(b.backend)) for (const k of b.backend.kept()) out.push({ kind: b.kind, ...k });
     return out;
   }
 

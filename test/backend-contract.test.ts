@@ -168,27 +168,68 @@ test.serial('a drained node takes no new sandboxes and keeps its own; undrained 
   await Promise.all([kept.kill(), fresh.kill()]);
 });
 
-test.serial('recovery after a crash: every backend cleans up, the directory says what was lost, the node serves again', async (t) => {
+/**
+ * Backends whose sandboxes outlive the node's process (capability Adopting: a VM's VMM is a process
+ * of its own, its hibernation a file): a restarted node takes them up instead of losing them.
+ */
+const KEEPS = new Set<BackendKind>(['microvm', 'fullvm']);
+
+test.serial('recovery after a crash: VMs are taken up where they were, other backends clean up and say what was lost, the node serves again', async (t) => {
   const own = await startTestCluster({ env: { PADDOCK_BACKENDS: BACKENDS } });
   t.teardown(() => stopTestCluster(own));
   const node = own.cluster.nodes[0]!;
-  const sbs = await Promise.all(KINDS.map((backend) => own.pdk.sandboxes.create({ backend })));
+  const sbs = await Promise.all(KINDS.map((backend) => own.pdk.sandboxes.create({ backend, ttlSec: 3600 })));
+  // Of a kept kind, one more that sleeps through the crash: it must come back asleep, not woken.
+  const asleep = await Promise.all(KINDS.filter((k) => KEEPS.has(k)).map((backend) => own.pdk.sandboxes.create({ backend })));
+  const before = new Map<string, number>();
+  for (const sb of [...sbs, ...asleep]) {
+    if (!KEEPS.has(sb.info.backend)) continue;
+    // In the guest's memory only (its writable layer is a tmpfs), and the guest's clock since boot.
+    const r = await sb.exec(['sh', '-c', `echo ${sb.id} > /tmp/kept; cut -d' ' -f1 /proc/uptime`]);
+    before.set(sb.id, Number(r.stdout));
+  }
+  for (const sb of asleep) t.is((await sb.hibernate()).state, 'hibernated');
   node.proc.kill('SIGKILL');
   await node.exited;
   const again = await restartNode(own, node.id, { PADDOCK_BACKENDS: BACKENDS });
   own.cluster.nodes[0] = again;
-  // Each backend found its own leftovers and removed them.
+  // Each backend found its own leftovers and removed them; the kept kinds removed none.
   const line = (await readFile(again.logFile as string, 'utf8')).split('\n').filter((l) => l.includes('removed leftovers')).pop();
   const removed = (JSON.parse(line ?? '{}') as { sandboxes?: Record<string, string[]> }).sandboxes ?? {};
-  for (const sb of sbs) t.true(removed[sb.info.backend]?.includes(sb.id), `${sb.info.backend} leftovers: ${JSON.stringify(removed)}`);
+  for (const sb of [...sbs, ...asleep]) t.is(removed[sb.info.backend]?.includes(sb.id) ?? false, !KEEPS.has(sb.info.backend), `${sb.info.backend} leftovers: ${JSON.stringify(removed)}`);
   for (const sb of sbs) {
+    if (KEEPS.has(sb.info.backend)) continue;
     const info = (await own.pdk.sandboxes.get(sb.id)).info;
     t.is(info.state, 'failed', info.backend);
     t.is(info.reason, 'node_restarted');
+  }
+  // A running VM was saved and is restored under its id: same guest, same memory, its clock on.
+  for (const sb of sbs.filter((s) => KEEPS.has(s.info.backend))) {
+    let info = (await own.pdk.sandboxes.get(sb.id)).info;
+    for (let i = 0; i < 240 && info.state !== 'running'; i++) {
+      await new Promise((r) => setTimeout(r, 500));
+      info = (await own.pdk.sandboxes.get(sb.id)).info;
+    }
+    t.is(info.state, 'running', `${sb.info.backend} taken up and restored`);
+    t.is(info.node, node.id);
+    t.is(info.createdAt, sb.info.createdAt, 'the same sandbox, not a new one');
+    const r = await sb.exec(['sh', '-c', "cat /tmp/kept; cut -d' ' -f1 /proc/uptime"]);
+    const [kept, up] = r.stdout.trim().split('\n');
+    t.is(kept, sb.id, 'what it had in memory');
+    t.true(Number(up) >= (before.get(sb.id) ?? Number.POSITIVE_INFINITY), `not booted again: uptime ${up} s, ${before.get(sb.id)} s before`);
+  }
+  // A hibernated one stays hibernated, says why, and restores as before.
+  for (const sb of asleep) {
+    const info = (await own.pdk.sandboxes.get(sb.id)).info;
+    t.is(info.state, 'hibernated', sb.info.backend);
+    t.is(info.sleepReason, 'node_restarted');
+    t.is((await sb.restore()).state, 'running');
+    t.is((await sb.exec(['cat', '/tmp/kept'])).stdout.trim(), sb.id);
   }
   for (const backend of KINDS) {
     const fresh = await own.pdk.sandboxes.create({ backend });
     t.is((await fresh.exec(['echo', 'back'])).stdout, 'back\n', backend);
     await fresh.kill();
   }
+  for (const sb of [...sbs, ...asleep].filter((s) => KEEPS.has(s.info.backend))) t.is((await sb.kill()).state, 'stopped');
 });

@@ -256,6 +256,8 @@ export class LayerManager {
     const d = this.daemon;
     if (d && d.exitCode === null && d.signalCode === null) {
       const exited = new Promise<void>((r) => d.once('exit', () => r()));
+      // Without it, the daemon takes the disconnect for the node's death and serves on a while.
+      await this.call({ op: 'close' }).catch(() => {});
       d.disconnect();
       const t = setTimeout(() => d.kill('SIGKILL'), 5000);
       await exited;

@@ -29,7 +29,9 @@ export type LayerDaemonRequest =
   | { id: number; op: 'acquire'; ref: CacheLayerRef; mode: LayerLoadMode }
   | { id: number; op: 'release'; digest: string }
   | { id: number; op: 'drop'; digest: string }
-  | { id: number; op: 'stats' };
+  | { id: number; op: 'stats' }
+  /** The node is stopping: the disconnect that follows ends the daemon at once. */
+  | { id: number; op: 'close' };
 
 export type LayerDaemonMessage =
   | { id: number; ok: true; result: unknown }
@@ -42,6 +44,10 @@ export type LayerDaemonMessage =
 function send(m: LayerDaemonMessage): void {
   process.send?.(m);
 }
+
+/** After the node died: how long without a read before the daemon stops, and how long at most. */
+const ORPHAN_IDLE_MS = 30_000;
+const ORPHAN_MAX_MS = 600_000;
 
 async function umount(target: string): Promise<void> {
   await new Promise<void>((resolve) => {
@@ -71,26 +77,52 @@ async function main(): Promise<void> {
   await cache.init();
   await mkdir(cfg.mountpoint, { recursive: true });
   await umount(cfg.mountpoint);
+  let lastRead = Date.now();
   const fs = new FuseServer(cfg.mountpoint, {
-    read: (name, offset, length) => cache.read(name.replace(/\.erofs$/, ''), offset, length),
+    read: (name, offset, length) => {
+      lastRead = Date.now();
+      return cache.read(name.replace(/\.erofs$/, ''), offset, length);
+    },
   }, 4, cfg.readaheadBytes);
   await fs.mount();
 
   let closing = false;
+  let closeAsked = false;
   const shutdown = async () => {
     if (closing) return;
     closing = true;
     await cache.close().catch(() => {});
     await umount(cfg.mountpoint);
     fs.close();
-    process.exit(0);
+    // Not process.exit: at exit libuv joins its thread pool, and a reader blocked on /dev/fuse
+    // never returns while a lazily unmounted layer is still open somewhere (a VMM, a container
+    // of a node that died). The daemon then hung for good, and every read of its files with it.
+    process.kill(process.pid, 'SIGKILL');
   };
-  process.on('disconnect', () => void shutdown());
+  // The node asks (close) before it lets go. A channel that closes without that is a node that
+  // died: what it started (VMMs, containers) still reads layers through this filesystem until
+  // the node's next start saves or removes them. Those reads are served until none has come for
+  // ORPHAN_IDLE_MS (ORPHAN_MAX_MS at most); stopping at once failed them (a VMM's pending read
+  // also held up the QMP `stop` that saving it needs).
+  process.on('disconnect', () => {
+    if (closeAsked) return void shutdown();
+    const since = Date.now();
+    const t = setInterval(() => {
+      const now = Date.now();
+      if (now - lastRead >= ORPHAN_IDLE_MS || now - since >= ORPHAN_MAX_MS) {
+        clearInterval(t);
+        void shutdown();
+      }
+    }, 1000);
+  });
   process.on('SIGTERM', () => void shutdown());
 
   process.on('message', (msg: LayerDaemonRequest) => {
     const handle = async (): Promise<unknown> => {
       switch (msg.op) {
+        case 'close':
+          closeAsked = true;
+          return null;
         case 'acquire': {
           const r = await cache.acquire(msg.ref, msg.mode);
           if (!r.local) fs.add({ name: `${r.hex}.erofs`, size: r.size });

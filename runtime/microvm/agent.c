@@ -750,6 +750,8 @@ int main(void) {
       ssize_t r = read(port, buf + have, MAX_FRAME + 12 - have);
       if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR)) {
         // The host side is not connected: wait for it (closing the port would drop what it sent).
+        // A frame it left half-sent is dropped: the next host (a restarted node's) starts afresh.
+        have = 0;
         usleep(20000);
         continue;
       }

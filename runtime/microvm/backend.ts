@@ -23,6 +23,16 @@
  *   microvm/vms/<dir>/        meta.json (sandbox id), qmp.sock, agent.sock, qemu.pid, console.log,
  *                             qemu.err, state (while hibernated or as a snapshot source)
  *   microvm/snapshots/<name>  state of a named snapshot (with meta: the template it came from)
+ *   microvm/records/<dir>.json  the sandbox's id, spec and template: root's, outside the VM's
+ *                             directory (which its VMM's user owns and could rewrite)
+ *
+ * A VM outlives its node's process: QEMU is a process of its own and its hibernated state a file.
+ * A node started again after a SIGKILL takes its predecessor's VMs up (recover): a VMM still running
+ * is saved through its QMP socket as a hibernation would, and every VM whose state is on disk comes
+ * back hibernated under its old id (`kept`); the node restores those that were running. Saving and
+ * restoring, rather than taking over the running VMM, makes the new VMM entirely this run's: its
+ * layer files opened through this run's layer cache (a lazy one's FUSE daemon died with the old
+ * node), its user range and cgroup claimed by this run, its relay and tap made anew.
  */
 import { type ChildProcess, spawn } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
@@ -71,9 +81,9 @@ const SHORT_SOCKETS = '/run/paddock-vm';
  * the node's: measured here, piping them through Node's streams made a 512 MiB VM's hibernate
  * ~0.3 s slower and its restore ~0.4 s (the event loop's chunks compete with QEMU for two cores).
  */
-async function migrateTo(vmm: Vmm, file: string): Promise<void> {
+async function migrateTo(vmm: Sender, file: string): Promise<void> {
   const name = `out-${randomBytes(4).toString('hex')}.sock`;
-  const path = join(`/proc/${vmm.proc.pid}/root`, name);
+  const path = join(`/proc/${vmm.pid}/root`, name);
   // Paused: the socket is cat's to read, not this process's.
   const server = createServer({ pauseOnConnect: true });
   const received = new Promise<void>((resolve, reject) => {
@@ -88,7 +98,7 @@ async function migrateTo(vmm: Vmm, file: string): Promise<void> {
       server.once('error', reject);
       server.listen(path, () => resolve());
     });
-    await chown(path, vmm.jail.ids.hostId, vmm.jail.ids.hostId);
+    await chown(path, vmm.uid, vmm.uid);
     await vmm.qmp.cmd('migrate', { uri: `unix:/${name}` });
     await vmm.qmp.migrated();
     await withTimeout(received, MIGRATION_DRAIN_MS, 'the end of the migration stream');
@@ -97,6 +107,18 @@ async function migrateTo(vmm: Vmm, file: string): Promise<void> {
     await rm(path, { force: true });
   }
 }
+
+/**
+ * The sending end of a migration: a VMM of this node's, or one a previous run of the node left
+ * running (recover), known only by its pid, the owner of its directory and its QMP socket.
+ */
+interface Sender {
+  pid: number;
+  uid: number;
+  qmp: Qmp;
+}
+
+const senderOf = (v: Vmm): Sender => ({ pid: v.proc.pid ?? 0, uid: v.jail.ids.hostId, qmp: v.qmp });
 
 /** A waiting VMM (`-incoming defer`) loads `state`: QEMU listens inside its chroot, the node's `cat` sends the file. */
 async function migrateFrom(vmm: Vmm, state: string): Promise<void> {
@@ -228,6 +250,18 @@ export interface Vm {
   net?: { ifname: string; addr: string; gw: string };
   /** The relay between its VMM's NIC socket and the tap (netrelay.c), while both run. */
   relay?: ChildProcess;
+  spec: SandboxSpec;
+  /** Taken up after a restart with a policy that opened something: applied again once it runs. */
+  renet?: NetworkPolicy;
+  /** Taken up from a previous run of the node (recover). */
+  adopted?: boolean;
+}
+
+/** What the node keeps of a VM to take it up after a restart (records/<dir>.json). */
+interface VmRecord {
+  id: string;
+  template: string;
+  spec: SandboxSpec;
 }
 
 const BOOT_TIMEOUT_MS = 120_000;
@@ -257,6 +291,16 @@ const ERRNO: Record<number, [string, string]> = {
 export function guestError(err: number, path: string): ProtocolError {
   const [code, what] = ERRNO[err] ?? ['BACKEND_FAILED', `guest error ${err}`];
   return new ProtocolError(code as 'NOT_FOUND', `${path}: ${what}`);
+}
+
+/** SIGKILL, then waits up to 2 s for the process to be gone. */
+async function killAndWait(pid: number): Promise<void> {
+  try {
+    process.kill(pid, 'SIGKILL');
+  } catch {
+    return;
+  }
+  for (let i = 0; i < 200 && alive(pid); i++) await new Promise((r) => setTimeout(r, 10));
 }
 
 const alive = (pid: number) => {
@@ -301,7 +345,7 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore, Mov
   }
 
   async init(): Promise<void> {
-    for (const d of ['templates', 'vms', 'snapshots']) await mkdir(join(this.root, d), { recursive: true });
+    for (const d of ['templates', 'vms', 'snapshots', 'records']) await mkdir(join(this.root, d), { recursive: true });
     // A VMM opens its template's RAM file as root, before it drops to a user of its own (jail.ts);
     // the node sends it device state and snapshots itself. Searchable all the same, for tools that
     // look at a VMM's files as its user.
@@ -453,7 +497,7 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore, Mov
         agent.close();
         await vmm.qmp.cmd('stop');
         await vmm.qmp.cmd('migrate-set-capabilities', { capabilities: [{ capability: 'x-ignore-shared', state: true }] });
-        await migrateTo(vmm, join(tmp, 'dev'));
+        await migrateTo(senderOf(vmm), join(tmp, 'dev'));
         await vmm.qmp.cmd('quit').catch(() => {});
         await vmm.exited;
         for (const f of [...SOCKETS, 'qemu.pid']) await rm(f.endsWith('.sock') ? sockPath(tmp, f) : join(tmp, f), { force: true });
@@ -557,6 +601,9 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore, Mov
     await this.egress.set(id, { attach: (link) => this.attachNet(vm, link) }, policy, async (text) => {
       await this.files(id).write('/etc/resolv.conf', Buffer.from(text));
     });
+    // The policy it runs under now is the one to apply again if a restarted node takes it up.
+    vm.spec = { ...vm.spec, network: policy };
+    await this.writeRecord(vm);
   }
 
   /** The VM's new tap: relayed to its NIC, and the guest's eth0 given its address and route. */
@@ -608,8 +655,7 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore, Mov
   async create(id: string, spec: SandboxSpec, from?: { state: string; tmpl: Template }): Promise<void> {
     if (this.vms.has(id)) throw new ProtocolError('ALREADY_EXISTS', `sandbox ${id} exists`);
     const { shape, refs, image } = await this.shapeOf(spec);
-    const env = [...image.env, ...Object.entries(spec.env ?? {}).map(([k, v]) => `${k}=${v}`)];
-    const vm: Vm = { id, dir: '', tmpl: undefined as unknown as Template, env, cwd: spec.cwd ?? (image.cwd || '/'), seq: 0, cpu: spec.cpu, pids: spec.pidsLimit };
+    const vm: Vm = { id, dir: '', tmpl: undefined as unknown as Template, ...this.processOf(spec, image), seq: 0, cpu: spec.cpu, pids: spec.pidsLimit, spec };
     this.vms.set(id, vm);
     try {
       const t0 = performance.now();
@@ -620,6 +666,7 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore, Mov
       const t2 = performance.now();
       vm.dir = vmm.dir;
       await writeFile(join(vmm.dir, 'meta.json'), JSON.stringify({ id, template: vm.tmpl.key }));
+      await this.writeRecord(vm);
       await this.incoming(vm, vmm, from?.state ?? join(vm.tmpl.dir, 'dev'));
       if (spec.network) await this.setNetwork(id, spec.network);
       const ms = (a: number, b: number) => Math.round(b - a);
@@ -628,6 +675,21 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore, Mov
       await this.destroy(id);
       throw e;
     }
+  }
+
+  private processOf(spec: SandboxSpec, image: ImageManifest): { env: string[]; cwd: string } {
+    return { env: [...image.env, ...Object.entries(spec.env ?? {}).map(([k, v]) => `${k}=${v}`)], cwd: spec.cwd ?? (image.cwd || '/') };
+  }
+
+  private recordFile(dir: string): string {
+    return join(this.root, 'records', `${basename(dir)}.json`);
+  }
+
+  private async writeRecord(vm: Vm): Promise<void> {
+    const r: VmRecord = { id: vm.id, template: vm.tmpl.key, spec: vm.spec };
+    const file = this.recordFile(vm.dir);
+    await writeFile(`${file}.tmp`, JSON.stringify(r));
+    await rename(`${file}.tmp`, file);
   }
 
   protected get(id: string): Vm {
@@ -781,13 +843,13 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore, Mov
    * own user (jail.ts), into a directory beside `file` that only that user may enter; the file is
    * then the node's (root's, readable: a clone's VMM reads it as a user of its own) and moved in place.
    */
-  private async save(vm: Vm & { vmm: Vmm }, file: string): Promise<number> {
-    const q = vm.vmm.qmp;
+  private async save(from: Sender, file: string): Promise<number> {
+    const q = from.qmp;
     const part = `${file}.part-${randomBytes(4).toString('hex')}`;
     try {
       await q.cmd('stop');
       await q.cmd('migrate-set-parameters', { 'max-bandwidth': 64 * 1024 * 1024 * 1024 });
-      await migrateTo(vm.vmm, part);
+      await migrateTo(from, part);
       await rename(part, file);
     } finally {
       await rm(part, { force: true });
@@ -800,7 +862,7 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore, Mov
     const file = join(vm.dir, 'state');
     let bytes: number;
     try {
-      bytes = await this.save(vm, file);
+      bytes = await this.save(senderOf(vm.vmm), file);
     } catch (e) {
       await vm.vmm.qmp.cmd('cont').catch(() => {});
       await rm(file, { force: true });
@@ -826,6 +888,12 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore, Mov
     try {
       vm.hibernated = undefined;
       await this.incoming(vm, vmm, state);
+      // Taken up after a restart: its tap and rules went with the old run (egress recover).
+      const policy = vm.renet;
+      if (policy) {
+        await this.setNetwork(id, policy);
+        vm.renet = undefined;
+      }
     } catch (e) {
       vm.hibernated = state;
       vm.agent?.close();
@@ -854,7 +922,10 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore, Mov
     vm.relay?.kill('SIGKILL');
     await this.egress.remove(id);
     await this.stopVmm(vm.vmm);
-    if (vm.dir) await removeVmDir(vm.dir);
+    if (vm.dir) {
+      await removeVmDir(vm.dir);
+      await rm(this.recordFile(vm.dir), { force: true });
+    }
     for (const r of vm.tmpl?.refs ?? []) this.o.layers.releaseFile(r);
     this.vms.delete(id);
   }
@@ -869,7 +940,7 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore, Mov
     if (existsSync(file)) throw new ProtocolError('ALREADY_EXISTS', `snapshot ${name} exists`);
     let bytes: number;
     try {
-      bytes = await this.save(vm, file);
+      bytes = await this.save(senderOf(vm.vmm), file);
       // The meta last: a state without it is a snapshot cut short (recover removes it).
       await writeFile(join(this.root, 'snapshots', `${name}.json`), JSON.stringify({ template: vm.tmpl.key, from: id, ...(opts.meta ? { meta: opts.meta } : {}) }));
     } catch (e) {
@@ -975,6 +1046,47 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore, Mov
 
   // ─── node lifecycle ───────────────────────────────────────────────────────────────────────
 
+  /** VMs the last recover took up from a previous run: hibernated, each with the spec it was made with. */
+  kept(): Array<{ id: string; spec: SandboxSpec }> {
+    return [...this.vms.values()].filter((v) => v.adopted).map((v) => ({ id: v.id, spec: v.spec }));
+  }
+
+  /**
+   * A VM of a previous run, back under this backend, hibernated: a VMM still running (`pid`) is
+   * saved first, as a hibernation would; one that is not must have its state on disk. A VMM that
+   * runs and cannot be saved is not taken up from an older state file: that would bring back a
+   * past the sandbox had moved on from (a restore whose old state the dead node had not yet removed).
+   */
+  private async takeUp(rec: VmRecord, dir: string, pid: number | undefined): Promise<void> {
+    const state = join(dir, 'state');
+    for (const f of await readdir(dir)) if (f.includes('.part-')) await rm(join(dir, f), { force: true });
+    if (pid !== undefined) {
+      const qmp = await Qmp.open(sockPath(dir, 'qmp.sock'), 5_000);
+      try {
+        await this.save({ pid, uid: (await stat(dir)).uid, qmp }, state);
+        await qmp.cmd('quit').catch(() => {});
+      } finally {
+        qmp.close();
+        await killAndWait(pid);
+      }
+    }
+    if (!existsSync(state)) throw new Error('no saved state');
+    for (const f of [...SOCKETS, 'qemu.pid']) await rm(f.endsWith('.sock') ? sockPath(dir, f) : join(dir, f), { force: true });
+    const { shape, refs, image } = await this.shapeOf(rec.spec);
+    let tmpl: Template;
+    try {
+      tmpl = await this.template(shape, refs, image);
+      if (tmpl.key !== rec.template) throw new Error(`its machine changed (template ${rec.template}, now ${tmpl.key}: another kernel, agent, QEMU or accelerator)`);
+    } catch (e) {
+      for (const r of refs) this.o.layers.releaseFile(r);
+      throw e;
+    }
+    const spec = rec.spec;
+    const vm: Vm = { id: rec.id, dir, tmpl, ...this.processOf(spec, image), seq: 0, cpu: spec.cpu, pids: spec.pidsLimit, spec, hibernated: state, adopted: true };
+    if (spec.network) vm.renet = spec.network;
+    this.vms.set(rec.id, vm);
+  }
+
   async recover(): Promise<string[]> {
     const ids: string[] = [];
     const vmsDir = join(this.root, 'vms');
@@ -982,16 +1094,25 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore, Mov
       const dir = join(vmsDir, d);
       if ([...this.vms.values()].some((v) => v.dir === dir)) continue;
       const meta = await readFile(join(dir, 'meta.json'), 'utf8').then((t) => JSON.parse(t) as { id: string }, () => null);
+      const rec = await readFile(this.recordFile(dir), 'utf8').then((t) => JSON.parse(t) as VmRecord, () => null);
       const pid = Number((await readFile(join(dir, 'qemu.pid'), 'utf8').catch(() => '')).trim());
-      if (pid > 0 && alive(pid)) {
-        const cmd = await readFile(`/proc/${pid}/cmdline`, 'utf8').catch(() => '');
-        if (cmd.includes(dir)) {
-          process.kill(pid, 'SIGKILL');
-          for (let i = 0; i < 200 && alive(pid); i++) await new Promise((r) => setTimeout(r, 10));
+      const ours = pid > 0 && alive(pid) && (await readFile(`/proc/${pid}/cmdline`, 'utf8').catch(() => '')).includes(dir);
+      if (rec && !this.vms.has(rec.id)) {
+        try {
+          await this.takeUp(rec, dir, ours ? pid : undefined);
+          continue;
+        } catch (err) {
+          this.o.log?.warn({ err, sandbox: rec.id }, `${this.kind}: a VM the previous run left could not be taken up: removed`);
         }
       }
+      if (ours) await killAndWait(pid);
       await removeVmDir(dir);
+      await rm(this.recordFile(dir), { force: true });
       if (meta?.id) ids.push(meta.id);
+    }
+    // Records whose VM directory is gone (removed between the two).
+    for (const f of await readdir(join(this.root, 'records')).catch(() => [] as string[])) {
+      if (!existsSync(join(vmsDir, f.replace(/\.json(\.tmp)?$/, '')))) await rm(join(this.root, 'records', f), { force: true });
     }
     // Snapshots cut short (a state without its meta, or the other way round); whole ones stay.
     const snaps = join(this.root, 'snapshots');

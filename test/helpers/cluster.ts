@@ -44,7 +44,7 @@ export async function stopTestCluster(c: ClusterContext | undefined): Promise<vo
   // A client that is reconnecting to a NATS a test stopped must not hold the teardown up.
   await Promise.race([c.pdk.close().catch(() => {}), new Promise((r) => setTimeout(r, 5000).unref())]);
   await c.cluster.stop();
-  await rm(c.home, { recursive: true, force: true });
+  if (!process.env.PADDOCK_TEST_KEEP_HOME) await rm(c.home, { recursive: true, force: true });
 }
 
 /**
