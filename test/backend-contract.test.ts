@@ -181,14 +181,18 @@ test.serial('recovery after a crash: VMs are taken up where they were, other bac
   const sbs = await Promise.all(KINDS.map((backend) => own.pdk.sandboxes.create({ backend, ttlSec: 3600 })));
   // Of a kept kind, one more that sleeps through the crash: it must come back asleep, not woken.
   const asleep = await Promise.all(KINDS.filter((k) => KEEPS.has(k)).map((backend) => own.pdk.sandboxes.create({ backend })));
+  // And one whose hibernation the crash cuts short (or that just made it): it comes back whole.
+  const halfway = await Promise.all(KINDS.filter((k) => KEEPS.has(k)).map((backend) => own.pdk.sandboxes.create({ backend })));
   const before = new Map<string, number>();
-  for (const sb of [...sbs, ...asleep]) {
+  for (const sb of [...sbs, ...asleep, ...halfway]) {
     if (!KEEPS.has(sb.info.backend)) continue;
     // In the guest's memory only (its writable layer is a tmpfs), and the guest's clock since boot.
     const r = await sb.exec(['sh', '-c', `echo ${sb.id} > /tmp/kept; cut -d' ' -f1 /proc/uptime`]);
     before.set(sb.id, Number(r.stdout));
   }
   for (const sb of asleep) t.is((await sb.hibernate()).state, 'hibernated');
+  for (const sb of halfway) void sb.hibernate().catch(() => {});
+  await new Promise((r) => setTimeout(r, 300));
   node.proc.kill('SIGKILL');
   await node.exited;
   const again = await restartNode(own, node.id, { PADDOCK_BACKENDS: BACKENDS });
@@ -196,7 +200,7 @@ test.serial('recovery after a crash: VMs are taken up where they were, other bac
   // Each backend found its own leftovers and removed them; the kept kinds removed none.
   const line = (await readFile(again.logFile as string, 'utf8')).split('\n').filter((l) => l.includes('removed leftovers')).pop();
   const removed = (JSON.parse(line ?? '{}') as { sandboxes?: Record<string, string[]> }).sandboxes ?? {};
-  for (const sb of [...sbs, ...asleep]) t.is(removed[sb.info.backend]?.includes(sb.id) ?? false, !KEEPS.has(sb.info.backend), `${sb.info.backend} leftovers: ${JSON.stringify(removed)}`);
+  for (const sb of [...sbs, ...asleep, ...halfway]) t.is(removed[sb.info.backend]?.includes(sb.id) ?? false, !KEEPS.has(sb.info.backend), `${sb.info.backend} leftovers: ${JSON.stringify(removed)}`);
   for (const sb of sbs) {
     if (KEEPS.has(sb.info.backend)) continue;
     const info = (await own.pdk.sandboxes.get(sb.id)).info;
@@ -226,10 +230,19 @@ test.serial('recovery after a crash: VMs are taken up where they were, other bac
     t.is((await sb.restore()).state, 'running');
     t.is((await sb.exec(['cat', '/tmp/kept'])).stdout.trim(), sb.id);
   }
+  for (const sb of halfway) {
+    let info = (await own.pdk.sandboxes.get(sb.id)).info;
+    for (let i = 0; i < 240 && info.state !== 'running' && info.state !== 'hibernated'; i++) {
+      await new Promise((r) => setTimeout(r, 500));
+      info = (await own.pdk.sandboxes.get(sb.id)).info;
+    }
+    t.true(info.state === 'running' || info.state === 'hibernated', `cut short: ${info.state}`);
+    t.is((await sb.exec(['cat', '/tmp/kept'])).stdout.trim(), sb.id, 'woken for the exec, its memory whole');
+  }
   for (const backend of KINDS) {
     const fresh = await own.pdk.sandboxes.create({ backend });
     t.is((await fresh.exec(['echo', 'back'])).stdout, 'back\n', backend);
     await fresh.kill();
   }
-  for (const sb of [...sbs, ...asleep].filter((s) => KEEPS.has(s.info.backend))) t.is((await sb.kill()).state, 'stopped');
+  for (const sb of [...sbs, ...asleep, ...halfway].filter((s) => KEEPS.has(s.info.backend))) t.is((await sb.kill()).state, 'stopped');
 });

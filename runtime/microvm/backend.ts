@@ -1063,8 +1063,17 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore, Mov
     if (pid !== undefined) {
       const qmp = await Qmp.open(sockPath(dir, 'qmp.sock'), 5_000);
       try {
-        await this.save({ pid, uid: (await stat(dir)).uid, qmp }, state);
-        await qmp.cmd('quit').catch(() => {});
+        // A restore the node died in the middle of: the VMM has not run from the state yet, which
+        // is therefore still the sandbox's latest. Any other VMM has run: its state is saved anew.
+        const { status } = (await qmp.cmd('query-status')) as { status: string };
+        if (status !== 'inmigrate') {
+          // A hibernation or snapshot the node died in the middle of leaves QEMU paused as after a
+          // migration, and QEMU refuses to migrate such a VM again ("paused due to previous
+          // migration") until it has run: a moment's `cont`, then the save stops it again.
+          if (status === 'postmigrate') await qmp.cmd('cont');
+          await this.save({ pid, uid: (await stat(dir)).uid, qmp }, state);
+          await qmp.cmd('quit').catch(() => {});
+        }
       } finally {
         qmp.close();
         await killAndWait(pid);
