@@ -208,6 +208,11 @@ test('a sandbox past its ttl is killed and says so', async (t) => {
     const i = (await pdk.sandboxes.get(sb.id)).info;
     return i.state === 'running' || i.state === 'stopping' ? undefined : i;
   }, 60_000);
+  if (!info) {
+    // Seen once in CI and not since: what the node said of this sandbox, and what the directory has.
+    t.log('directory:', JSON.stringify((await pdk.sandboxes.get(sb.id)).info));
+    for (const n of t.context.cluster.nodes) for (const l of (await readFile(n.logFile ?? '', 'utf8').catch(() => '')).split('\n')) if (l.includes(sb.id)) t.log(l.slice(0, 400));
+  }
   t.is(info?.state, 'stopped');
   t.is(info?.reason, 'ttl');
   const err = await t.throwsAsync(sb.exec(['true']), { instanceOf: NotFoundError });
