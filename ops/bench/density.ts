@@ -14,8 +14,11 @@
  *      ((MemTotal − MemAvailable) after − before) / N, and the p50 of `exec true` on random sandboxes;
  *   3. `pdk.groups.pause(g)` and `pdk.groups.resume(g)` on all N, timed around the SDK call; the
  *      reply must say ok = N, and a sample of the sandboxes' freezer files must agree;
- *   4. `pdk.groups.kill(g)`, and checks that nothing is left: no sandbox on the node, no cgroup, no
- *      mount, no bundle directory.
+ *   4. `pdk.groups.kill(g)`, and checks that nothing is left: no sandbox on the node, no cgroup (the
+ *      emptied ones the node keeps for new sandboxes, cgroup-pool.ts, are counted apart), no mount,
+ *      no bundle directory;
+ *   5. with `--again`, creates N once more (a trainer's next batch, into the kept cgroups) and
+ *      reports that rate beside the first.
  * Processes started on the host (/proc/stat's `processes`) are counted per create, exec, and
  * sandbox paused, resumed and killed: on a host where a fork+exec costs milliseconds they are the cost.
  *
@@ -69,7 +72,7 @@ import {
 } from './harness.ts';
 import { round3, type Summary, summarize } from './stats.ts';
 
-const USAGE = 'usage: density.ts [--n N] [--concurrency C] [--execs E] [--cpu CORES] [--floor-parallel P | --no-floor] [--cpu-profile DIR [--cpu-profile-phase create|pause|resume|kill]] [--json]';
+const USAGE = 'usage: density.ts [--n N] [--concurrency C] [--execs E] [--cpu CORES] [--floor-parallel P | --no-floor] [--cpu-profile DIR [--cpu-profile-phase create|pause|resume|kill]] [--again] [--json]';
 /**
  * What every sandbox asks for; `--cpu` overrides the CPU (its CFS quota is cpu × 100 ms per 100 ms).
  * The smallest writable layer (16 MiB) is memory on the node, and may be at most half of memoryMiB.
@@ -121,16 +124,19 @@ interface Options {
   cpuProfile?: string;
   /** What the profile covers: the creates (default), or one group verb. */
   cpuProfilePhase: 'create' | GroupVerbName;
+  /** After the kill, create N again (a trainer's next batch: the node reuses what the kill left, cgroup-pool.ts). */
+  again: boolean;
 }
 
 type GroupVerbName = 'pause' | 'resume' | 'kill';
 
 function parseArgs(argv: readonly string[]): Options {
-  const o: Options = { n: 3200, concurrency: 32, execs: 200, cpu: SPEC.cpu, json: false, floorParallel: 8, cpuProfilePhase: 'create' };
+  const o: Options = { n: 3200, concurrency: 32, execs: 200, cpu: SPEC.cpu, json: false, floorParallel: 8, cpuProfilePhase: 'create', again: false };
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i] as string;
     const named = (name: string) => a === name || a.startsWith(`${name}=`);
     if (a === '--json') o.json = true;
+    else if (a === '--again') o.again = true;
     else if (a === '--cpu-profile' || a.startsWith('--cpu-profile=')) {
       const dir = a === '--cpu-profile' ? argv[++i] : a.slice('--cpu-profile='.length);
       if (!dir) throw new UsageError(`--cpu-profile: expected a directory\n${USAGE}`);
@@ -585,7 +591,9 @@ async function groupVerb(b: BenchCluster, o: Options, group: string, verb: Group
 
 interface Leftovers {
   nodeSandboxes: number;
+  /** Cgroups of sandboxes; the node's pool of emptied ones (runtime/container/cgroup-pool.ts) apart. */
   cgroups: number;
+  pooled: number;
   bundles: number;
   /** Mounts of sandboxes (under the node's sandboxes/ directory) still in the node's namespace. */
   sandboxMounts: number;
@@ -617,9 +625,12 @@ function sandboxesDir(b: BenchCluster): string {
 
 async function leftovers(b: BenchCluster): Promise<Leftovers> {
   const bundles = await readdir(`/proc/${b.nodePid}/root${sandboxesDir(b)}`).catch(() => [] as string[]);
+  const cgroups = [...(await childCgroups(`paddock/${b.nodeId}`))];
+  const pooled = cgroups.filter((n) => /^pool-\d+$/.test(n)).length;
   return {
     nodeSandboxes: await nodeSandboxes(b),
-    cgroups: (await childCgroups(`paddock/${b.nodeId}`)).size,
+    cgroups: cgroups.length - pooled,
+    pooled,
     bundles: bundles.length,
     sandboxMounts: await mountCount(b.nodePid, sandboxesDir(b)),
     unifiedFiles: (await unifiedUsage(b.nodePid))?.files ?? 0,
@@ -651,6 +662,8 @@ interface Result {
   resume: GroupPhase;
   kill: GroupPhase;
   left: Leftovers;
+  /** --again: N created once more after the kill. */
+  again?: { create: CreatePhase; perSec: number; pooledBefore: number };
 }
 
 const MiB = 2 ** 20;
@@ -737,7 +750,12 @@ function humanReport(r: Result): string {
     `group pause: ${g(r.pause)}`,
     `group resume: ${g(r.resume)}`,
     `group kill: ${g(r.kill)}`,
-    `after kill: ${clean ? 'clean' : 'NOT CLEAN'} — ${left.nodeSandboxes} sandboxes on the node, ${left.cgroups} cgroups, ${left.bundles} bundle dirs, ${left.sandboxMounts} sandbox mounts, ${left.unifiedFiles} files on the unified tmpfs`,
+    `after kill: ${clean ? 'clean' : 'NOT CLEAN'} — ${left.nodeSandboxes} sandboxes on the node, ${left.cgroups} cgroups (and ${left.pooled} emptied ones kept for new sandboxes), ${left.bundles} bundle dirs, ${left.sandboxMounts} sandbox mounts, ${left.unifiedFiles} files on the unified tmpfs`,
+    ...(r.again
+      ? [
+          `created again after the kill (--again, ${r.again.pooledBefore} cgroups in the pool): ${r.again.create.live.length} in ${fmt(r.again.create.wallMs / 1000, 1)} s, ${fmt(r.again.perSec, 1)}/s over all (the first time ${fmt(r.createPerSec, 1)}/s); latency p50 ${fmt(summarize(r.again.create.latencies).p50, 1)} ms (the first time ${fmt(createS.p50, 1)} ms); per window: ${r.again.create.windows.map((w) => `${w.upTo}: ${fmt(w.perSec, 1)}/s`).join(', ')}`,
+        ]
+      : []),
   ].join('\n');
 }
 
@@ -764,6 +782,7 @@ function jsonReport(r: Result): string {
     processesPerCreate: round3(r.create.processes / Math.max(1, r.create.live.length)),
     processesPerExec: round3(r.exec.processesPerExec),
     processesPerKill: round3(r.kill.processesPerSandbox),
+    ...(r.again ? { createPerSecAgain: round3(r.again.perSec) } : {}),
   });
 }
 
@@ -823,8 +842,15 @@ async function main(): Promise<void> {
     // Directory writes and cgroup removal trail the reply a little.
     await sleep(1000);
     const left = await leftovers(b);
+    let again: Result['again'];
+    if (o.again) {
+      progress(`creating ${o.n} again (${left.pooled} emptied cgroups kept by the kill)`);
+      const create2 = await createAll(b, o, `${group}-again`, o.n);
+      again = { create: create2, perSec: create2.live.length / (create2.wallMs / 1000), pooledBefore: left.pooled };
+      await groupVerb(b, o, `${group}-again`, 'kill', create2.live);
+    }
 
-    const r: Result = { o, note, machine, ...(floor ? { floor } : {}), create, createPerSec, createPerSecAt200, createPerSecAtN, execAt50, execAt50Live, rssBefore, rssAfter, hostBytesPerSandbox: (hostAfter - hostBefore) / live.length, mountsPerSandbox, unified, exec, pause, resume, kill, left };
+    const r: Result = { o, note, machine, ...(floor ? { floor } : {}), create, createPerSec, createPerSecAt200, createPerSecAtN, execAt50, execAt50Live, rssBefore, rssAfter, hostBytesPerSandbox: (hostAfter - hostBefore) / live.length, mountsPerSandbox, unified, exec, pause, resume, kill, left, ...(again ? { again } : {}) };
     process.stdout.write(`${humanReport(r)}\n`);
     if (o.json) process.stdout.write(`${jsonReport(r)}\n`);
     ok = true;

@@ -43,6 +43,7 @@ import { readText } from '../sync-read.ts';
 import { execInContainer, killTree, nsPid, OutputBudget, signalGroup } from './exec.ts';
 import { Hardening } from './hardening.ts';
 import { baseEnv, DEFAULT_CFS_PERIOD_US, ociConfig } from './oci.ts';
+import { CgroupPool } from './cgroup-pool.ts';
 import { CgroupSleep } from './sleep.ts';
 import { buildSnapshotBlob, removeStage, snapshotImageName, stageUpper } from './snapshot.ts';
 import { judged, LimitWatch } from './verdict.ts';
@@ -109,6 +110,8 @@ export class ContainerBackend implements Backend, Snapshotting, SnapshotStore, P
   /** Told when a sandbox's init ends by itself (an OOM kill, say): the sandbox is over. */
   onCrash?: (id: string, why: string) => void;
   private readonly sleeper: CgroupSleep;
+  /** Empty cgroups of killed sandboxes for new ones (cgroup-pool.ts): v1 only, off with PADDOCK_CGROUP_POOL=0. */
+  private readonly pool?: CgroupPool;
   /** User-namespace layers, the bounded writable layer, CPU pinning, lxcfs. */
   private readonly hardening: Hardening;
   private readonly egress: Egress;
@@ -129,6 +132,10 @@ export class ContainerBackend implements Backend, Snapshotting, SnapshotStore, P
     this.cgroupMode = detectCgroups();
     this.hierarchies = this.cgroupMode === 'v2' ? [] : v1Hierarchies();
     this.sleeper = new CgroupSleep(this.cgroupMode);
+    if (this.cgroupMode === 'v1') {
+      const pool = new CgroupPool(`/paddock/${opts.nodeId}`, this.hierarchies);
+      if (pool.max > 0) this.pool = pool;
+    }
     this.hardening = new Hardening(opts.nodeDir, { mode: this.cgroupMode, path: `/paddock/${opts.nodeId}.lxcfs` });
     this.egress = new Egress(opts.nodeId);
     if (this.cgroupMode === 'hybrid') {
@@ -238,6 +245,7 @@ export class ContainerBackend implements Backend, Snapshotting, SnapshotStore, P
       extra?.oci?.(config);
       const reaper = this.initBinary !== undefined;
       if (reaper) (config.process as { args: string[] }).args = ['/proc/self/fd/3', ...(isIdleInit(image.init) ? [] : image.init)];
+      this.pool?.take(this.cgroupPath(id));
       if (cpus !== undefined) await this.cpusetWithoutRebalance(id);
       const quota = deferCpuQuota(config);
       writeFileSync(join(dir, 'config.json'), JSON.stringify(config));
@@ -577,7 +585,7 @@ export class ContainerBackend implements Backend, Snapshotting, SnapshotStore, P
       // then crun's state. crun is a process of its own, ~15 ms of CPU where a fork+exec costs
       // milliseconds (page-table isolation, a paravirtualised MMU): most of what killing 3,200 cost.
       // A v1 sandbox has no cgroup namespace and no cgroupfs: it cannot make cgroups below its own.
-      await this.emptyAndRemove(this.cgroupPath(id), true);
+      await this.emptyAndRemove(this.cgroupPath(id), true, this.pool);
       await rm(join(this.crunRoot, id), { recursive: true, force: true });
     } else {
       // Under cgroup v2 a sandbox may make cgroups of its own below its one: crun removes those.
@@ -606,11 +614,25 @@ export class ContainerBackend implements Backend, Snapshotting, SnapshotStore, P
    * hierarchies until the node restarted. So: kill what is left, retry, and give up only after
    * DESTROY_WAIT_MS, loudly.
    */
-  private async emptyAndRemove(path: string, killFirst = false): Promise<void> {
+  private async emptyAndRemove(path: string, killFirst = false, pool?: CgroupPool): Promise<void> {
     const ctrls = this.cgroupMode === 'v2' ? [''] : this.hierarchies;
     const deadline = Date.now() + DESTROY_WAIT_MS;
     let left = ctrls.map((c) => cgroupDir(this.cgroupMode, path, c));
-    if (killFirst) await killAll(left.find((d) => d.includes('/pids/')) ?? (left[0] as string));
+    const tasks = left.find((d) => d.includes('/pids/')) ?? (left[0] as string);
+    if (killFirst) await killAll(tasks);
+    // Kept for a later sandbox once no task is left (every hierarchy holds the same tasks).
+    for (let wait = 5; pool; wait = Math.min(100, wait * 2)) {
+      if ((readText(join(tasks, 'cgroup.procs')) ?? '').trim() === '') {
+        if (pool.put(path)) {
+          if (this.cgroupMode === 'v1') await rm(join('/sys/fs/cgroup/unified', path), { recursive: true, force: true });
+          return;
+        }
+        break;
+      }
+      if (Date.now() > deadline) break;
+      await killAll(tasks);
+      await new Promise((r) => setTimeout(r, wait));
+    }
     for (let wait = 5; ; wait = Math.min(100, wait * 2)) {
       const busy: string[] = [];
       for (const [i, d] of left.entries()) {
@@ -672,7 +694,8 @@ export class ContainerBackend implements Backend, Snapshotting, SnapshotStore, P
     // node's mount namespace. A single kill-then-rmdir left the cgroups of a sandbox whose tasks
     // were still dying (EBUSY) until the next restart, seen in the fault test; these wait for them.
     for (const name of strays) {
-      ids.add(name);
+      // The previous run's pool of empty cgroups (cgroup-pool.ts): no sandbox's.
+      if (!/^pool-\d+$/.test(name)) ids.add(name);
       await this.emptyAndRemove(`${parentPath}/${name}`, true).catch((err: unknown) => this.opts.log?.warn({ err, sandbox: name }, 'could not remove the cgroups a previous run left'));
     }
     return [...ids];
@@ -824,6 +847,7 @@ export class ContainerBackend implements Backend, Snapshotting, SnapshotStore, P
     await this.hardening.close();
     this.idRanges.close();
     // The layers themselves are unmounted by their LayerManager, which the node closes after this.
+    this.pool?.drain();
     await this.removeCgroup(`/paddock/${this.opts.nodeId}`);
     await this.removeCgroup('/paddock');
   }
