@@ -136,6 +136,9 @@ export function toExecResult(r: WireExecResult): ExecResult {
   return out;
 }
 
+/** How long a call that found no actor waits before it reads a live record again (gone). */
+const GONE_RECHECK_MS = 250;
+
 export class Sandbox {
   readonly files: SandboxFiles;
   readonly network: SandboxNetwork;
@@ -230,9 +233,23 @@ export class Sandbox {
     return a;
   }
 
-  /** No actor answers: the sandbox ended (say how) or never existed. */
+  /**
+   * No actor answers: the sandbox ended (say how) or never existed, or its node does not answer
+   * (restarting, or lost: UNAVAILABLE, which a retry may get past; a node that stays away has its
+   * sandboxes marked `node_lost` by placement, and a restarted one says what became of them).
+   */
   private async gone(): Promise<never> {
-    const rec = await this.lookup(this.id).catch(() => null);
+    const live = (r: SandboxInfo | null) => r !== null && r.state !== 'stopped' && r.state !== 'failed';
+    let rec = await this.lookup(this.id).catch(() => null);
+    // An actor stops answering as it writes its final record: a call in between finds it live.
+    if (live(rec)) {
+      await new Promise((r) => setTimeout(r, GONE_RECHECK_MS));
+      rec = (await this.lookup(this.id).catch(() => null)) ?? rec;
+    }
+    if (rec && live(rec)) {
+      this.info = rec;
+      throw new UnavailableError('UNAVAILABLE', `sandbox ${this.id} is ${rec.state} on node ${rec.node}, which does not answer (restarting, or gone); ask again in a moment`, { detail: { state: rec.state, node: rec.node, reason: 'no_responders' } });
+    }
     if (rec) {
       this.info = rec;
       throw new NotFoundError('NOT_FOUND', `sandbox ${this.id} is ${rec.state}${rec.reason ? ` (${rec.reason})` : ''}${rec.movedTo ? `, moved to ${rec.movedTo}` : ''}`, { detail: { state: rec.state, reason: rec.reason, ...(rec.movedTo ? { movedTo: rec.movedTo } : {}) } });
@@ -244,7 +261,7 @@ export class Sandbox {
     try {
       this.info = await this.call<SandboxInfo>('info', {}, opts);
     } catch (err) {
-      if (err instanceof NotFoundError && err.detail?.state) return this.info;
+      if ((err instanceof NotFoundError || err instanceof UnavailableError) && err.detail?.state) return this.info;
       throw err;
     }
     return this.info;
@@ -475,6 +492,7 @@ export class Sandbox {
     try {
       this.info = await this.call<SandboxInfo>('kill', {}, opts);
     } catch (err) {
+      // Ended already: nothing to do. A node that does not answer (UNAVAILABLE) has not killed it.
       if (err instanceof NotFoundError && err.detail?.state) return this.info;
       throw err;
     }

@@ -12,7 +12,7 @@ import { readFile } from 'node:fs/promises';
 import test from 'ava';
 import type { BackendKind } from '../protocol/index.ts';
 import { registeredKinds } from '../runtime/backends.ts';
-import { PaddockError } from '../sdk/index.ts';
+import { PaddockError, UnavailableError } from '../sdk/index.ts';
 import { restartNode, startTestCluster, stopTestCluster, type ClusterContext } from './helpers/cluster.ts';
 
 const root = process.getuid?.() === 0;
@@ -195,6 +195,11 @@ test.serial('recovery after a crash: VMs are taken up where they were, other bac
   await new Promise((r) => setTimeout(r, 300));
   node.proc.kill('SIGKILL');
   await node.exited;
+  // While the node is away its sandboxes' records say running and nothing answers for them: a
+  // call is UNAVAILABLE (retry later), not NOT_FOUND (gone for good).
+  const away = await t.throwsAsync(sbs[0]!.exec(['true']), { instanceOf: UnavailableError });
+  t.is(away?.detail?.reason, 'no_responders');
+  t.regex(away?.message ?? '', /does not answer/);
   const again = await restartNode(own, node.id, { PADDOCK_BACKENDS: BACKENDS });
   own.cluster.nodes[0] = again;
   // Each backend found its own leftovers and removed them; the kept kinds removed none.

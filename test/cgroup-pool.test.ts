@@ -7,7 +7,7 @@
 import { existsSync, readdirSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import { detectCgroups } from '../runtime/cgroups.ts';
-import { clusterTest } from './helpers/cluster.ts';
+import { clusterTest, startTestCluster, stopTestCluster } from './helpers/cluster.ts';
 
 const test = clusterTest();
 const v1 = detectCgroups() !== 'v2';
@@ -52,11 +52,15 @@ test.serial('a killed sandbox leaves its cgroups to the next create, which gets 
 });
 
 test.serial('a stopping node removes the cgroups it kept', async (t) => {
-  const { pdk, cluster } = t.context;
-  const sb = await pdk.sandboxes.create({});
+  // A cluster of its own: stopped here, with nothing left for the file's own teardown to stop again.
+  const own = await startTestCluster();
+  let stopped = false;
+  t.teardown(() => (stopped ? undefined : stopTestCluster(own)));
+  const sb = await own.pdk.sandboxes.create({});
   const node = sb.info.node;
   await sb.kill();
   if (v1) t.true(pooled(node).length >= 1);
-  await cluster.stop();
+  await stopTestCluster(own);
+  stopped = true;
   t.false(existsSync(nodeDir(node)), 'no cgroup of the node is left');
 });
