@@ -394,7 +394,10 @@ export class SandboxHost {
     }
     if (isFinal(state)) {
       this.transfers.closeAll();
-      this.sub?.unsubscribe();
+      // Drained, not unsubscribed: a request the server routed here before it saw the UNSUB would
+      // be dropped by the client, and its caller would wait out its whole timeout (seen in CI: an
+      // exec at the moment a drain moved its sandbox waited 70 s). Drained, it is answered below.
+      void this.sub?.drain().catch(() => {});
       this.deps.onFinal(this);
     }
   }
@@ -481,6 +484,11 @@ export class SandboxHost {
     if (!isSandboxVerb(verb)) throw new ProtocolError('UNKNOWN_VERB', `unknown sandbox verb '${verb}'`);
     if (this.moving && verb !== 'info') throw new ProtocolError('UNAVAILABLE', `sandbox ${this.id} is moving to another node; ask again in a moment`, { detail: { reason: 'moving' } });
     const row = SandboxVerbTable[verb];
+    // Ended while the request was on its way: what the directory would say (gone, and where it moved).
+    if (isFinal(this.state) && !allows(this.state, verb)) {
+      const { state, reason, movedTo } = this.info;
+      throw new ProtocolError('NOT_FOUND', `sandbox ${this.id} is ${state}${reason ? ` (${reason})` : ''}${movedTo ? `, moved to ${movedTo}` : ''}`, { detail: { state, ...(reason ? { reason } : {}), ...(movedTo ? { movedTo } : {}) } });
+    }
     if (row.wakes && isAsleep(this.state)) await this.awake(verb);
     if (!allows(this.state, verb)) {
       throw new ProtocolError('INVALID_STATE', `sandbox ${this.id} is ${this.state}: '${verb}' is not allowed`, { detail: { state: this.state } });

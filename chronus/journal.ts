@@ -17,7 +17,7 @@ import { JetStreamApiCodes, JetStreamApiError, type JetStreamClient, type JetStr
 import type { KV } from '@nats-io/kv';
 import type { NatsConnection } from '@nats-io/transport-node';
 import type { Logger } from 'pino';
-import { type ExecResult, type FilesWriteReply, fewerReplicasWarning, Limits, natsFailure, ProtocolError, scanKv, subjects, toWireError } from '../protocol/index.ts';
+import { type ExecResult, type FilesWriteReply, fewerReplicasWarning, Limits, natsFailure, ProtocolError, scanKv, storeFull, subjects, toWireError } from '../protocol/index.ts';
 import type { ChronusConfig } from './config.ts';
 import { ensureChronus, lastRecord, purgeRollout, recordedSteps, type StoredRecord } from './log.ts';
 import {
@@ -255,6 +255,11 @@ export class Journal implements StepJournal {
    * abandoned claim of ours); its sequence, or `Settled` with whoever has the step.
    */
   private async claim(key: StepKey, subject: string, started: StartedRecord, over: number): Promise<number> {
+    // nats-server acks a few writes from its cache once its disk is full: a claim it acks may be
+    // followed by a result it cannot store, and a step that ran would be UNKNOWN_OUTCOME for good.
+    // Where the store's disk can be seen (a local server), a full one refuses the step before it runs.
+    const full = storeFull();
+    if (full) throw new ProtocolError('UNAVAILABLE', `the command log is unavailable, step ${key.step} of rollout ${key.rolloutId} did not run: JetStream's store is full (${full})`, { detail: { what: 'the command log', reason: 'disk_full' } });
     try {
       return (await this.js.publish(subject, encodeRecord(started), { expect: { lastSubjectSequence: over } })).seq;
     } catch (e) {

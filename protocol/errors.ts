@@ -165,6 +165,11 @@ export function setStoreProbe(probe: (() => string | undefined) | undefined): vo
   storeProbe = probe;
 }
 
+/** Why the local JetStream store's disk is full (setStoreProbe), or nothing: it is not, or cannot be seen. */
+export function storeFull(): string | undefined {
+  return storeProbe?.();
+}
+
 /** `err` as natsFailure sees it, or as it was. */
 export function unavailable(err: unknown, what: string): unknown {
   return natsFailure(err, what) ?? err;

@@ -7,7 +7,7 @@ export type { DirectoryQuery } from './directory.ts';
 export { LISTED_BY_DEFAULT, selectSandboxes } from './directory.ts';
 export { positiveEnv } from './env.ts';
 export type { ErrorCode, Fault, WireError } from './errors.ts';
-export { ErrorCodes, isErrorCode, natsFailure, ProtocolError, setStoreProbe, toWireError, unavailable } from './errors.ts';
+export { ErrorCodes, isErrorCode, natsFailure, ProtocolError, setStoreProbe, storeFull, toWireError, unavailable } from './errors.ts';
 export { newRolloutId, newSandboxId, newSnapshotId } from './ids.ts';
 export type { FewerReplicas, ScanOptions } from './kv.ts';
 export { ensureBucket, fewerReplicasWarning, replicasFor, scanKv } from './kv.ts';

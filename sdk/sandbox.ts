@@ -192,6 +192,8 @@ export class Sandbox {
       try {
         return await this.callHere<T>(verb, body, opts);
       } catch (e) {
+        // Refused by a sandbox that had just ended: its answer says where it moved.
+        if (e instanceof NotFoundError && typeof e.detail?.movedTo === 'string' && !this.info.movedTo) this.info = { ...this.info, movedTo: e.detail.movedTo, reason: e.detail.reason as SandboxInfo['reason'] };
         if (hop < MAX_MOVES && e instanceof NotFoundError && (await this.follow())) {
           hop++;
           continue;
