@@ -70,13 +70,21 @@ test('a full disk under JetStream: sandboxes keep working, the command log and t
   const ran = Array.from({ length: taken }, (_, i) => `s${i}\n`).join('');
   t.is((await sb.exec(['cat', '/tmp/log'])).stdout, `zero\n${ran}`, 'the unrecorded steps did not run');
 
-  // The directory is JetStream too: the listing fails the same way, not with a raw client error.
+  // The directory is JetStream too. A listing is a read: served while nats-server can still serve
+  // it (it can, now that no step's write reaches the full store), else it fails the same way, not
+  // with a raw client error.
   const t1 = Date.now();
-  const listed = await t.throwsAsync(pdk.sandboxes.list({ timeoutMs: 200_000 }));
-  t.log(`list failed after ${Date.now() - t1} ms`);
-  t.true(listed instanceof PaddockError, String(listed));
-  t.is((listed as PaddockError).code, 'UNAVAILABLE', String(listed));
-  t.is((listed as PaddockError).detail?.reason, 'disk_full', String(listed));
+  const listed = await pdk.sandboxes.list({ timeoutMs: 200_000 }).then(
+    (l) => l,
+    (e: unknown) => e,
+  );
+  t.log(Array.isArray(listed) ? `listed ${listed.length} in ${Date.now() - t1} ms` : `list failed after ${Date.now() - t1} ms`);
+  if (Array.isArray(listed)) t.true(listed.some((s) => s.id === sb.id && s.state === 'running'), JSON.stringify(listed));
+  else {
+    t.true(listed instanceof PaddockError, String(listed));
+    t.is((listed as PaddockError).code, 'UNAVAILABLE', String(listed));
+    t.is((listed as PaddockError).detail?.reason, 'disk_full', String(listed));
+  }
 
   // Logged by the node, once per failure and cause, not once per request.
   const log = (await readFile(join(up.home, 'logs', `node-${first.node}.log`), 'utf8')).split('\n');
@@ -85,6 +93,9 @@ test('a full disk under JetStream: sandboxes keep working, the command log and t
 
   // Space again. nats-server 2.9 stays silent until restarted: up, having seen its disk full,
   // restarts it once there is room again. Then the step runs, once, and the record is true.
+  // up looks at the store's disk every 2 s: it must have seen it full (the refusals above take
+  // milliseconds now that a step is refused before its claim) to know a restart is due.
+  await new Promise((r) => setTimeout(r, 5_000));
   await rm(join(natsDir, 'filler'));
   await rm(join(natsDir, 'filler2'));
   const restarted = await eventually(async () => {
