@@ -40,10 +40,10 @@ import { sourceFile } from '../source.ts';
 import { type MountPlan, resolveProgram, Spawner } from '../spawner.ts';
 import { buildStaticBinary } from '../static-binary.ts';
 import { readText } from '../sync-read.ts';
+import { CgroupPool } from './cgroup-pool.ts';
 import { execInContainer, killTree, nsPid, OutputBudget, signalGroup } from './exec.ts';
 import { Hardening } from './hardening.ts';
 import { baseEnv, DEFAULT_CFS_PERIOD_US, ociConfig } from './oci.ts';
-import { CgroupPool } from './cgroup-pool.ts';
 import { CgroupSleep } from './sleep.ts';
 import { buildSnapshotBlob, removeStage, snapshotImageName, stageUpper } from './snapshot.ts';
 import { judged, LimitWatch } from './verdict.ts';
@@ -623,10 +623,8 @@ export class ContainerBackend implements Backend, Snapshotting, SnapshotStore, P
     // Kept for a later sandbox once no task is left (every hierarchy holds the same tasks).
     for (let wait = 5; pool; wait = Math.min(100, wait * 2)) {
       if ((readText(join(tasks, 'cgroup.procs')) ?? '').trim() === '') {
-        if (pool.put(path)) {
-          if (this.cgroupMode === 'v1') await rm(join('/sys/fs/cgroup/unified', path), { recursive: true, force: true });
-          return;
-        }
+        // Kept: nothing left to remove below but what crun made in `unified`.
+        if (pool.put(path)) left = [];
         break;
       }
       if (Date.now() > deadline) break;
