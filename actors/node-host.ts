@@ -647,7 +647,7 @@ export class NodeHost {
     this.snapReservedBytes += reserve;
     let held: HeldSnapshot;
     try {
-      const r = await backend.snapshot(h.id, { name: info.id, meta: { info, ...(temporary ? { temporary: true } : {}) } });
+      const r = await backend.snapshot(h.id, { name: info.id, meta: { info, ...(temporary ? { temporary: true } : {}) }, local: temporary });
       info.bytes = r.bytes;
       held = { info, name: r.snapshot, ...(temporary ? { temporary: true } : {}) };
     } finally {

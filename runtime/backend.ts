@@ -153,9 +153,11 @@ export interface Backend {
 export interface Snapshotting {
   /**
    * Saves the sandbox's whole state under `name` (default: one the backend picks), with `meta`
-   * kept beside it; the sandbox runs on. On failure nothing of the snapshot is left.
+   * kept beside it; the sandbox runs on. On failure nothing of the snapshot is left. `local`: it
+   * will only be started on this node (a fork's), so the backend may keep only what differs from
+   * what this node already holds (a VM's template); it cannot then be exported.
    */
-  snapshot(id: string, opts?: { name?: string; meta?: Record<string, unknown> }): Promise<{ snapshot: string; bytes: number }>;
+  snapshot(id: string, opts?: { name?: string; meta?: Record<string, unknown>; local?: boolean }): Promise<{ snapshot: string; bytes: number }>;
   /** A new sandbox `newId` with the state of `snapshot`; `spec` must ask for the machine it was taken of (INVALID_SPEC). */
   restoreFrom(snapshot: string, newId: string, spec: SandboxSpec): Promise<void>;
   /** A new sandbox `newId` that starts as a copy of the running `id`. */

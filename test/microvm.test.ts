@@ -5,7 +5,7 @@
  */
 import { execFileSync, spawnSync } from 'node:child_process';
 import { existsSync, readdirSync, readFileSync, statSync } from 'node:fs';
-import { mkdtemp, readdir, rm } from 'node:fs/promises';
+import { mkdtemp, readdir, rm, writeFile } from 'node:fs/promises';
 import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
@@ -85,6 +85,49 @@ test('hibernate ends the VMM; restore brings back its processes and files', asyn
   t.is(await sb.files.readText('/tmp/kept'), 'kept');
   const alive = await sb.exec(['sh', '-c', 'kill -0 $(cat /tmp/pid) && echo alive']);
   t.is(alive.stdout, 'alive\n');
+});
+
+/** The hibernation state file of the one hibernated VM of the test cluster's node. */
+function hibernationState(c: ClusterContext): string {
+  const vms = join(c.home, 'nodes', c.cluster.nodes[0]?.id ?? '', 'microvm', 'vms');
+  const found = readdirSync(vms)
+    .map((d) => join(vms, d, 'state'))
+    .filter((f) => existsSync(f));
+  if (found.length !== 1) throw new Error(`${found.length} hibernated VMs under ${vms}`);
+  return found[0] as string;
+}
+
+test('a hibernation keeps only what differs from the template, and restores exactly; one whose template was made again is refused, not loaded', async (t) => {
+  const { pdk } = t.context;
+  const sb = await pdk.sandboxes.create({ backend: 'microvm', memoryMiB: 256 });
+  t.teardown(() => sb.kill().catch(() => {}));
+  // Random bytes in the guest's RAM (its writable layer is a tmpfs there): no page of them is the template's.
+  const sum = await sh(sb, 'head -c 8388608 /dev/urandom > /tmp/blob; sha256sum /tmp/blob; sleep 1000 >/dev/null 2>&1 & echo $! > /tmp/pid');
+  // A named snapshot may go to another node, whose template was booted on its own: it holds every page.
+  const whole = await sb.snapshot();
+  await pdk.snapshots.delete(whole.id);
+  await sb.hibernate();
+  const state = hibernationState(t.context);
+  const bytes = statSync(state).size;
+  t.true(existsSync(`${state}.base`), 'the template it is a difference from is noted');
+  t.true(bytes > 8 << 20, `the written pages are in it (${bytes} bytes)`);
+  t.true(bytes < whole.bytes - (8 << 20), `the template's pages are not (${bytes} bytes, against ${whole.bytes} for the whole state)`);
+  t.log(`hibernated: ${bytes} bytes; the whole state: ${whole.bytes}`);
+  t.is((await sb.restore()).state, 'running');
+  t.is(await sh(sb, 'sha256sum /tmp/blob; kill -0 $(cat /tmp/pid) && echo alive'), `${sum}alive\n`);
+
+  // Its template made again since (the same machine, booted anew): its RAM is not the one the
+  // state leaves out, so loading it would give the guest another's memory.
+  await sb.hibernate();
+  const noted = readFileSync(`${state}.base`, 'utf8');
+  await writeFile(`${state}.base`, `${noted}-another`);
+  const e = await t.throwsAsync(sb.restore());
+  t.regex(String(e?.message), /made again/);
+  // Nothing else could wake it: it ends failed, saying why, and its files go.
+  const now = await sb.refresh();
+  t.is(now.state, 'failed');
+  t.regex(now.error?.message ?? '', /made again/);
+  t.false(existsSync(state), 'its state went with it');
 });
 
 test('a timeout ends the exec with a verdict and kills its process tree; destroy leaves no QEMU', async (t) => {

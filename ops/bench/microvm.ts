@@ -7,15 +7,16 @@
  * - template start: create → first exec of a copy-on-write clone (p50/p95 over --starts);
  * - exec round trip of `true` (p50/p95), beside a container's on the same node (the floor);
  * - hibernate of a 512 MiB VM that holds a warm process and 64 MiB of written memory: time, bytes
- *   on disk; restore to its first exec;
- * - idle host memory (PSS of the QEMU process) and CPU per running VM, clone against a private boot
- *   (the same VM after a hibernate/restore cycle: every page of its RAM is its own);
+ *   on disk (only what differs from its template); restore to its first exec;
+ * - idle host memory (PSS of the QEMU process) and CPU per running VM: a clone, the same clone
+ *   hibernated and restored, and a private one (a copy started from a whole-state snapshot: every
+ *   page of its RAM is its own);
  * - fork(8) of a running 256 MiB VM through the SDK: the call until all 8 copies run, then each
  *   answers an exec.
  *
  * `--memory N` runs the memory experiment instead: N VMs of 512 MiB on one node run the same
  * workload at once (a 192 MiB buffer filled, then freed), twice — as copy-on-write clones of their
- * template, then each with RAM of its own (after a hibernate/restore cycle) — on a node with
+ * template, then each with RAM of its own (copies from whole-state snapshots) — on a node with
  * virtio-balloon free-page reporting and on one without. For each: the peak of the VMs' host
  * memory (the sum of their QEMU processes' PSS, sampled every 200 ms) and what they hold once the
  * guests have freed it (after 10 s). `sharedPeakSavingPct`: how much lower the clones' peak is
@@ -33,7 +34,7 @@
  */
 import { readFile } from 'node:fs/promises';
 import { performance } from 'node:perf_hooks';
-import type { Sandbox } from '../../sdk/index.ts';
+import type { Paddock, Sandbox } from '../../sdk/index.ts';
 import { cleanUpOnSignals, finishRun, numberArg, progress, runMain, sandboxMaker, startBenchNode, UsageError } from './harness.ts';
 import { round3, summarize } from './stats.ts';
 import { cpuTicks, hibernatedBytes, pss, qemuOf } from './vm-readings.ts';
@@ -82,6 +83,19 @@ async function underWorkload(home: string, vms: Sandbox[]): Promise<{ peak: numb
   return { peak, settled: await total() };
 }
 
+/**
+ * A copy of `vm` whose every page of RAM is its own: started from a named snapshot, which holds the
+ * whole state (one that may go to another node), so loading it writes every page. A hibernation no
+ * longer does that: it keeps, and restores, only what differs from the template. `vm` is killed.
+ */
+async function privateCopy(pdk: Paddock, make: ReturnType<typeof sandboxMaker>, vm: Sandbox): Promise<Sandbox> {
+  const snap = await vm.snapshot();
+  await vm.kill();
+  const copy = await make({ fromSnapshot: snap.id });
+  await pdk.snapshots.delete(snap.id);
+  return copy;
+}
+
 async function memoryExperiment(n: number, json: boolean): Promise<void> {
   let nodes: { id: string; logFile?: string }[] = [];
   let ok = false;
@@ -96,14 +110,11 @@ async function memoryExperiment(n: number, json: boolean): Promise<void> {
       for (let i = 0; i < n; i++) vms.push(await make({ backend: 'microvm', memoryMiB: 512 }));
       await new Promise((r) => setTimeout(r, 3000));
       rows.push({ reporting, ram: 'shared', ...(await underWorkload(home, vms)) });
-      progress('the same VMs, each with RAM of its own (hibernated and restored)');
-      for (const v of vms) {
-        await v.hibernate();
-        await v.restore();
-      }
+      progress('copies of the same VMs, each with RAM of its own (started from a whole-state snapshot)');
+      const own = await Promise.all(vms.map((v) => privateCopy(pdk, make, v)));
       await new Promise((r) => setTimeout(r, 3000));
-      rows.push({ reporting, ram: 'private', ...(await underWorkload(home, vms)) });
-      await Promise.all(vms.map((v) => v.kill()));
+      rows.push({ reporting, ram: 'private', ...(await underWorkload(home, own)) });
+      await Promise.all(own.map((v) => v.kill()));
     }
     const mib = (b: number) => `${(b / 1048576).toFixed(0)} MiB`;
     process.stdout.write(`memory experiment: ${n} VMs of 512 MiB, each filling and freeing a 192 MiB buffer at once\n`);
@@ -253,13 +264,20 @@ async function main(): Promise<void> {
     await new Promise((r) => setTimeout(r, 5000));
     const idleCpuPct = clonePid ? ((await cpuTicks(clonePid)) - c0) / 5 : Number.NaN;
     const idlePssBytes = clonePid ? await pss(clonePid) : Number.NaN;
-    // Restored from a full-state file, every page of its RAM is its own: what a private boot holds.
+    // Hibernated and restored: only what differs from the template was written and read back.
     await first.hibernate();
     await first.restore();
     await first.exec(['true']);
     await new Promise((r) => setTimeout(r, 2000));
-    const privPid = await qemuOf(home, first.id);
+    const restoredPid = await qemuOf(home, first.id);
+    const idlePssRestoredBytes = restoredPid ? await pss(restoredPid) : Number.NaN;
+    // Started from a whole state, every page of its RAM is its own: what a private boot holds.
+    const priv = await privateCopy(pdk, make, await make({ backend: 'microvm', memoryMiB: 256 }));
+    await priv.exec(['true']);
+    await new Promise((r) => setTimeout(r, 2000));
+    const privPid = await qemuOf(home, priv.id);
     const idlePssPrivateBootBytes = privPid ? await pss(privPid) : Number.NaN;
+    await priv.kill();
 
     progress('fork(8) of a running 256 MiB VM');
     t0 = performance.now();
@@ -292,6 +310,7 @@ async function main(): Promise<void> {
       ['hibernate 512 MiB (64 MiB written)', `${round3(hibernateMs)} ms, ${(hibernateBytes / 1048576).toFixed(1)} MiB`, 'target ≤ 1000 ms'],
       ['restore → first exec', `${round3(restoreMs)} ms${alive ? '' : ' (warm process LOST)'}`, 'target ≤ 200 ms'],
       ['idle PSS per VM: clone / private', `${(idlePssBytes / 1048576).toFixed(1)} / ${(idlePssPrivateBootBytes / 1048576).toFixed(1)} MiB`, 'target clone ≤ 30 MiB'],
+      ['idle PSS of a clone hibernated and restored', `${(idlePssRestoredBytes / 1048576).toFixed(1)} MiB`, 'still sharing its template'],
       ['idle CPU per VM (clone)', `${round3(idleCpuPct)}% of a core`, ''],
       ['fork(8) → 8 running copies', `${round3(fork8Ms)} ms`, 'one snapshot, 8 restores'],
     ];
@@ -311,6 +330,7 @@ async function main(): Promise<void> {
           fork8Ms: round3(fork8Ms),
           idlePssBytes,
           idlePssPrivateBootBytes,
+          idlePssRestoredBytes,
           idleCpuPct: round3(idleCpuPct),
           liveRunning: null,
           liveWithHibernated: null,
