@@ -4,6 +4,7 @@
  * the guest kernel is not installed (ops/setup.sh installs both).
  */
 import { execFileSync, spawnSync } from 'node:child_process';
+import { createHash } from 'node:crypto';
 import { existsSync, readdirSync, readFileSync, statSync } from 'node:fs';
 import { mkdtemp, readdir, rm, writeFile } from 'node:fs/promises';
 import { createServer } from 'node:net';
@@ -230,6 +231,8 @@ test('free-page reporting: memory the guest fills and frees goes back to the hos
   // Pages of its own (written since it was cloned from its template), as QEMU holds them.
   const anon = () => Number(/^Anonymous:\s+(\d+) kB/m.exec(readFileSync(`/proc/${pid}/smaps_rollup`, 'utf8'))?.[1]) * 1024;
   const before = anon();
+  const templateRam = templateRamOf(t.context);
+  const ram = templateRam();
   // A 192 MiB buffer, filled, then freed when dd exits.
   t.is((await sb.exec(['dd', 'if=/dev/zero', 'of=/dev/null', 'bs=192M', 'count=1'])).exitCode, 0);
   const full = anon();
@@ -237,7 +240,24 @@ test('free-page reporting: memory the guest fills and frees goes back to the hos
   // The guest reports freed 2 MiB blocks after 2 s; QEMU drops them: the template's pages show through again.
   const back = await eventually(async () => anon() < before + 64 * 1024 * 1024);
   t.true(back, `QEMU still holds ${anon() - before} bytes more than before the buffer`);
+  // ...and only its own copies: the template's RAM file, under every other clone, is as it was
+  // (QEMU 7.2 also punched a hole in it for each report: vmm-exec.c).
+  t.deepEqual(templateRam(), ram, 'the template is unchanged');
 });
+
+/** The 512 MiB template's RAM file of the test cluster's node: its content's hash, modification time and allocated blocks. */
+function templateRamOf(c: ClusterContext): () => { sha256: string; mtimeMs: number; blocks: number } {
+  const dir = join(c.home, 'nodes', c.cluster.nodes[0]?.id ?? '', 'microvm', 'templates');
+  const mems = readdirSync(dir)
+    .map((k) => join(dir, k, 'mem'))
+    .filter((f) => existsSync(f) && statSync(f).size === 512 << 20);
+  if (mems.length !== 1) throw new Error(`${mems.length} templates of 512 MiB under ${dir}`);
+  const mem = mems[0] as string;
+  return () => {
+    const st = statSync(mem);
+    return { sha256: createHash('sha256').update(readFileSync(mem)).digest('hex'), mtimeMs: st.mtimeMs, blocks: st.blocks };
+  };
+}
 
 /**
  * The backend's Snapshotting capability, below the node (no SDK verb reaches it yet): a fork starts
