@@ -380,11 +380,8 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore, Mov
 
   private args(dir: string, shape: Shape, mem: { path: string; share: boolean }, extra: string[]): string[] {
     const boot = this.boot!;
-    // No lockup watchdogs: their timers woke every idle guest, and under TCG each wake-up costs host CPU.
-    const append = ['console=ttyS0', 'quiet', 'panic=-1', 'rdinit=/init', `pdk.layers=${shape.layers.length}`, `pdk.disk=${shape.diskMiB}`, 'random.trust_cpu=on', 'nowatchdog', 'nmi_watchdog=0'];
-    // tsc=reliable: no clocksource watchdog checking the TSC twice a second; under TCG the TSC is
-    // QEMU's, counted from the host's monotonic clock.
-    if (this.tsc && this.accel === 'tcg') append.push(`tsc_early_khz=${this.tsc}`, 'tsc=reliable');
+    const append = [...GUEST_ARGS, `pdk.layers=${shape.layers.length}`, `pdk.disk=${shape.diskMiB}`];
+    if (this.tsc && this.accel === 'tcg') append.push(`tsc_early_khz=${this.tsc}`, ...TCG_GUEST_ARGS);
     // q35 for a display: its PCI bus carries QEMU's VGA (bochs DRM in the guest) and virtio-input.
     // Without its PS/2 controller (i8042=off): QEMU hands input to the first device of a kind in its
     // list, and in a clone's fresh QEMU that is the PS/2 keyboard and mouse (the template's guest
@@ -489,7 +486,7 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore, Mov
 
   private template(shape: Shape, refs: LayerRef[], image: ImageManifest): Promise<Template> {
     const key = createHash('sha256')
-      .update(JSON.stringify({ boot: this.boot!.key, digests: refs.map((r) => r.digest), m: shape.memoryMiB, c: shape.cpus, d: shape.diskMiB, a: this.accel, s: shape.screen, k: this.kind, M: this.machineArg, b: this.o.balloon !== false, r: TEMPLATE_REVISION }))
+      .update(JSON.stringify({ boot: this.boot!.key, digests: refs.map((r) => r.digest), m: shape.memoryMiB, c: shape.cpus, d: shape.diskMiB, a: this.accel, s: shape.screen, k: this.kind, M: this.machineArg, g: [GUEST_ARGS, TCG_GUEST_ARGS], b: this.o.balloon !== false, r: TEMPLATE_REVISION }))
       .digest('hex')
       .slice(0, 20);
     let t = this.templates.get(key);
@@ -625,11 +622,14 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore, Mov
   }
 
   private async incoming(vm: Vm, vmm: Vmm, state: string): Promise<void> {
-    const base = await readFile(`${state}.base`, 'utf8').catch(() => undefined);
-    if (base !== undefined && base !== (await baseOf(vm.tmpl))) {
-      throw new ProtocolError('BACKEND_FAILED', `${this.kind}: ${state} holds only what differs from template ${vm.tmpl.key}'s RAM, and that template has been made again since: it cannot be loaded (${base.trim()} then, ${await baseOf(vm.tmpl)} now)`);
+    if (!vmm.loaded) {
+      const base = await readFile(`${state}.base`, 'utf8').catch(() => undefined);
+      const now = base === undefined ? undefined : await baseOf(vm.tmpl);
+      if (base !== now) {
+        throw new ProtocolError('BACKEND_FAILED', `${this.kind}: ${state} holds only what differs from template ${vm.tmpl.key}'s RAM, and that template has been made again since: it cannot be loaded (${base} then, ${now} now)`);
+      }
+      await this.load(vmm, state);
     }
-    if (!vmm.loaded) await this.load(vmm, state);
     const agent = vmm.agent ?? (await AgentChannel.open(sockPath(vmm.dir, 'agent.sock')));
     vmm.agent = undefined;
     agent.onBroken = (why) => {
@@ -1262,10 +1262,22 @@ async function shareReadOnly(dir: string): Promise<void> {
 const NETRELAY_SOURCE = sourceFile('runtime/microvm/netrelay.c');
 /**
  * Part of every template's key: a template made before revision 2 may have had holes punched in
- * its RAM by its clones (vmm-exec.c), so none is used again; each machine boots anew once. 3: the
- * guest's command line changed (no watchdogs), which the key does not otherwise cover.
+ * its RAM by its clones (vmm-exec.c), so none is used again; each machine boots anew once.
  */
-const TEMPLATE_REVISION = 3;
+const TEMPLATE_REVISION = 2;
+
+/**
+ * The guest kernel's command line, but for what the shape and the host add; part of a template's
+ * key (a clone must boot nothing, it resumes the template's kernel as it was). No lockup watchdogs:
+ * their timers woke every idle guest, and under TCG each wake-up costs host CPU.
+ */
+const GUEST_ARGS = ['console=ttyS0', 'quiet', 'panic=-1', 'rdinit=/init', 'random.trust_cpu=on', 'nowatchdog', 'nmi_watchdog=0'];
+/**
+ * Under TCG, no clocksource watchdog checking the TSC twice a second either: TCG's TSC is QEMU's,
+ * counted from the host's monotonic clock. (`tsc_early_khz`, measured on the host, is not in the
+ * key: it may differ by a few kHz from one start of the node to the next.)
+ */
+const TCG_GUEST_ARGS = ['tsc=reliable'];
 
 const VMDIFF_SOURCE = sourceFile('runtime/microvm/vmdiff.c');
 const VMM_EXEC_SOURCE = sourceFile('runtime/microvm/vmm-exec.c');

@@ -42,7 +42,7 @@
 #define F_CONTINUE 0x20
 #define FLAGS 0xfffULL
 
-enum { S_EOF = 0x00, S_START = 0x01, S_PART = 0x02, S_END = 0x03, S_SUB = 0x05, S_CONFIG = 0x07, S_FOOTER = 0x7e };
+enum { S_START = 0x01, S_PART = 0x02, S_END = 0x03, S_SUB = 0x05, S_CONFIG = 0x07, S_FOOTER = 0x7e };
 
 static unsigned char in[1 << 20];
 static size_t have, at;
