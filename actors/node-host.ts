@@ -49,7 +49,7 @@ import {
   validateNodeGroup,
 } from '../protocol/index.ts';
 import { Attr } from '../protocol/trace.ts';
-import { type Backend, canSnapshot, keepsSnapshots, movesSnapshots } from '../runtime/backend.ts';
+import { type Backend, canSnapshot, type KeptSandbox, keepsSnapshots, movesSnapshots } from '../runtime/backend.ts';
 import type { BackendSet } from '../runtime/backends.ts';
 import type { NodeConfig } from '../runtime/config.ts';
 import type { NodeImages } from '../runtime/images/node-images.ts';
@@ -60,6 +60,7 @@ import type { FnHost } from './fncall-host.ts';
 import type { Inspector } from './inspect.ts';
 import { admissionState, nodeMachine, pickVictims, refusal, underPressure } from './node.ts';
 import { SandboxHost, type SandboxHostDeps, type SandboxSnapshots } from './sandbox-host.ts';
+import type { AdoptedState } from './sandbox.ts';
 
 /** Time as the node sees it: injected so heartbeat and pressure logic can run on a test clock. */
 export interface NodeClock {
@@ -198,9 +199,10 @@ export class NodeHost {
   }
 
   /**
-   * Directory records this node left live when it died. A sandbox its backend kept (a VM's state
-   * on disk: recover) is taken up under its id, hibernated, and woken if it was running; the rest
-   * did not survive, and their records say so.
+   * Directory records this node left live when it died. A sandbox its backend kept (recover) is
+   * taken up under its id: a VM's state on disk hibernated, and woken if it was running; a
+   * container whose processes ran on as it was (running, or paused or hibernated if it was asleep).
+   * The rest did not survive, and their records say so.
    */
   private async takeUpOrMark(): Promise<void> {
     const { directory, nc } = this.deps;
@@ -213,7 +215,7 @@ export class NodeHost {
       kept.delete(key);
       // A create or a kill under way when the node died: its caller got an error, or wanted it gone.
       if (k && k.kind === info.backend && info.state !== 'creating' && info.state !== 'stopping') {
-        const h = await this.takeUp(key, k.kind, k.spec, info).catch((err: unknown) => {
+        const h = await this.takeUp(key, k, info).catch((err: unknown) => {
           this.log.warn({ err, sandbox: key }, 'a sandbox kept across the restart could not be taken up');
           return undefined;
         });
@@ -230,17 +232,33 @@ export class NodeHost {
     }
     // Kept, but the directory has them as no live sandbox of this node's: nobody could reach them.
     for (const k of kept.values()) await this.deps.backends.get(k.kind)?.backend.destroy(k.id).catch(() => {});
-    if (this.sandboxes.size > 0) this.log.warn({ sandboxes: [...this.sandboxes.keys()], waking: wake.length }, 'took up sandboxes the previous run left (hibernated; those that were running are restored)');
+    if (this.sandboxes.size > 0) this.log.warn({ sandboxes: [...this.sandboxes.keys()], waking: wake.length }, 'took up sandboxes the previous run left (VMs hibernated, those that were running restored; containers as they were)');
     if (wake.length > 0) void this.wake(wake);
   }
 
-  /** A kept sandbox under an actor again, admitted as at its create, hibernated. */
-  private async takeUp(id: string, kind: BackendKind, spec: SandboxSpec, info: SandboxInfo): Promise<SandboxHost> {
+  /**
+   * A kept sandbox under an actor again, admitted as at its create. One kept frozen stays asleep
+   * if its record says it was (paused or hibernated: both are a frozen cgroup for a container);
+   * frozen with a record that says otherwise, the node died halfway through putting it to sleep,
+   * and it is woken: its caller got an error.
+   */
+  private async takeUp(id: string, k: KeptSandbox & { kind: BackendKind }, info: SandboxInfo): Promise<SandboxHost> {
+    const { kind, spec } = k;
     const open = this.deps.backends.for(kind, this.id);
     const admit = { type: 'ADMIT' as const, id, kind, need: needOf(spec) };
     if (!this.supervisor.getSnapshot().can(admit)) throw new Error(`no room: ${refusal(this.supervisor.getSnapshot().context, kind, admit.need) ?? 'refused'}`);
+    let as: AdoptedState = 'hibernated';
+    if (k.state === 'running') as = 'running';
+    else if (k.state === 'frozen') {
+      if (info.state === 'paused' || info.state === 'hibernated') as = info.state;
+      else {
+        await open.backend.resume(id);
+        as = 'running';
+      }
+    }
     this.supervisor.send(admit);
-    const host = new SandboxHost(this.hostDeps(open.backend, { adopt: { createdAt: info.createdAt, expiresAt: info.expiresAt } }), id, spec);
+    const sleepReason = as === 'running' ? undefined : k.state === 'frozen' ? info.sleepReason : 'node_restarted';
+    const host = new SandboxHost(this.hostDeps(open.backend, { adopt: { createdAt: info.createdAt, expiresAt: info.expiresAt, as, ...(sleepReason ? { sleepReason } : {}) } }), id, spec);
     this.sandboxes.set(id, host);
     await host.start();
     return host;

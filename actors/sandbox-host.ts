@@ -47,7 +47,7 @@ import { FileTransfers } from './file-transfers.ts';
 import type { Inspector } from './inspect.ts';
 import { PortSessions } from './port-sessions.ts';
 import { ProcessTable } from './processes.ts';
-import { allows, isAsleep, isFinal, publicState, type SandboxContext, type SandboxEvent, sandboxMachine } from './sandbox.ts';
+import { allows, isAsleep, isFinal, publicState, type AdoptedState, type SandboxContext, type SandboxEvent, sandboxMachine } from './sandbox.ts';
 
 export interface SandboxHostDeps {
   nc: NatsConnection;
@@ -74,10 +74,11 @@ export interface SandboxHostDeps {
   /** The node's snapshots and forks: they need its admission, disk budget and snapshot table. */
   snapshots?: SandboxSnapshots;
   /**
-   * A sandbox of the node's previous run that its backend kept (hibernated) and this run takes up:
-   * it keeps its record's times, and its create is nothing more.
+   * A sandbox of the node's previous run that its backend kept and this run takes up: it keeps its
+   * record's times, starts where the backend kept it (`as`, hibernated when absent), and its create
+   * is nothing more.
    */
-  adopt?: { createdAt: number; expiresAt: number };
+  adopt?: { createdAt: number; expiresAt: number; as?: AdoptedState; sleepReason?: string };
 }
 
 /** What the `snapshot` and `fork` verbs ask of the node that holds the sandbox. */
@@ -228,7 +229,7 @@ export class SandboxHost {
     if (spec.group) this.info.group = spec.group;
     if (spec.idleTimeoutSec !== undefined) this.info.idleTimeoutSec = spec.idleTimeoutSec;
     this.actor = createActor(SandboxHost.machine, {
-      input: { id, ttlMs: Math.max(0, expiresAt - now), idleAction: spec.idleAction, ...(spec.idleTimeoutSec !== undefined ? { idleMs: spec.idleTimeoutSec * 1000 } : {}), ...(deps.adopt ? { adopted: true } : {}) },
+      input: { id, ttlMs: Math.max(0, expiresAt - now), idleAction: spec.idleAction, ...(spec.idleTimeoutSec !== undefined ? { idleMs: spec.idleTimeoutSec * 1000 } : {}), ...(deps.adopt ? { adopted: deps.adopt.as ?? 'hibernated', ...(deps.adopt.sleepReason ? { sleepReason: deps.adopt.sleepReason } : {}) } : {}) },
       ...(deps.clock ? { clock: deps.clock } : {}),
       ...(deps.inspect ? { inspect: deps.inspect } : {}),
     });
@@ -263,9 +264,9 @@ export class SandboxHost {
       this.sub = serve(this.deps.nc, subjects.sandboxAll(this.id), { log: this.deps.log, nodeId: this.deps.nodeId }, (req) => this.handle(req));
       this.publishEvent();
       this.actor.start();
-      await this.until(this.deps.adopt ? ['hibernated', 'stopped', 'failed'] : ['running', 'stopped', 'failed']);
+      await this.until([this.deps.adopt?.as ?? (this.deps.adopt ? 'hibernated' : 'running'), 'stopped', 'failed']);
       await this.published;
-      if (!this.claimed && !this.duplicateOf && (this.state === 'running' || this.state === 'hibernated')) {
+      if (!this.claimed && !this.duplicateOf && (this.state === 'running' || this.state === 'paused' || this.state === 'hibernated')) {
         // Not in the directory, no one could find it, and another node may yet take its id: a
         // create that cannot be recorded fails (the caller may try again) rather than leak.
         await this.kill();

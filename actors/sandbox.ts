@@ -12,8 +12,9 @@
  *      │         └──────────────────────────────────────────────┘
  *      └──error──▶ failed
  *
- * A sandbox a restarted node takes up (its backend kept it, hibernated, across the restart) goes
- * from creating straight to live.hibernated.
+ * A sandbox a restarted node takes up (its backend kept it across the restart) goes from creating
+ * straight to where the backend kept it: live.hibernated (a VM's saved state), or live.running or
+ * live.paused (a container whose processes ran on without the node).
  *
  * The ttl (maximum lifetime) runs on `live` as a whole, so pausing does not stop the clock. The
  * idle timer runs only while `running` with no exec or file call in flight. A kill that arrives
@@ -34,11 +35,16 @@ export interface SandboxInput {
   idleMs?: number;
   idleAction?: IdleAction;
   /**
-   * Taken up by a restarted node: the backend holds it hibernated already (its create is a no-op),
-   * and the actor starts there instead of in running.
+   * Taken up by a restarted node: the backend holds it already, in this state (its create is a
+   * no-op), and the actor starts there instead of in running.
    */
-  adopted?: boolean;
+  adopted?: AdoptedState;
+  /** Why it went to sleep, when it is taken up asleep (else `node_restarted`). */
+  sleepReason?: string;
 }
+
+/** Where a backend kept a sandbox across its node's restart. */
+export type AdoptedState = 'running' | 'paused' | 'hibernated';
 
 export interface SandboxContext {
   id: string;
@@ -55,7 +61,7 @@ export interface SandboxContext {
   sleepReason?: string;
   /** What the last hibernation gave back. */
   released?: { bytes: number; swapped: boolean };
-  adopted: boolean;
+  adopted?: AdoptedState;
 }
 
 export type SandboxEvent =
@@ -110,7 +116,8 @@ export const sandboxMachine = setup({
     idleHibernate: ({ context }) => idles(context) && context.idleAction === 'hibernate',
     idleKill: ({ context }) => idles(context) && context.idleAction === 'kill',
     lastActivity: ({ context }) => context.inflight <= 1,
-    adopted: ({ context }) => context.adopted,
+    adoptedHibernated: ({ context }) => context.adopted === 'hibernated',
+    adoptedPaused: ({ context }) => context.adopted === 'paused',
   },
   actions: {
     requestKill: assign({ killRequested: true, reason: ({ event }) => (event.type === 'KILL' ? (event.reason ?? 'killed') : 'killed') }),
@@ -129,15 +136,16 @@ export const sandboxMachine = setup({
     idleAction: input.idleAction ?? 'pause',
     inflight: 0,
     killRequested: false,
-    adopted: input.adopted ?? false,
+    ...(input.adopted ? { adopted: input.adopted } : {}),
+    ...(input.adopted && input.adopted !== 'running' ? { sleepReason: input.sleepReason ?? 'node_restarted' } : {}),
   }),
   states: {
     creating: {
       invoke: {
         src: 'create',
         input: ({ context }) => ({ id: context.id }),
-        // Taken up after a node's restart, it is where its backend kept it: hibernated.
-        onDone: [{ guard: 'adopted', target: '#sandbox.live.hibernated', actions: assign({ sleepReason: 'node_restarted' }) }, { target: 'live' }],
+        // Taken up after a node's restart, it is where its backend kept it.
+        onDone: [{ guard: 'adoptedHibernated', target: '#sandbox.live.hibernated' }, { guard: 'adoptedPaused', target: '#sandbox.live.paused' }, { target: 'live' }],
         onError: {
           target: 'failed',
           actions: assign({ reason: 'create_failed' as const, error: ({ event }) => toWireError(event.error) }),

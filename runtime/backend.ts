@@ -283,11 +283,19 @@ export function keepsSnapshots(b: Backend): b is Backend & Snapshotting & Snapsh
 
 /**
  * Capability: sandboxes that outlive the node's process (a VM's state is a file, its VMM a process
- * of its own). `recover` keeps what it can of a previous run instead of removing it, hibernated;
- * `kept` says which, with the spec each was made with, and the node takes them up under their ids.
+ * of its own; a container's processes run on without the node). `recover` keeps what it can of a
+ * previous run instead of removing it; `kept` says which, with the spec each was made with and
+ * how it was kept, and the node takes them up under their ids.
  */
 export interface Adopting {
-  kept(): Array<{ id: string; spec: SandboxSpec }>;
+  kept(): KeptSandbox[];
+}
+
+export interface KeptSandbox {
+  id: string;
+  spec: SandboxSpec;
+  /** `running`, or `frozen` (its processes stopped, resumed by `resume`); absent: hibernated, woken by `restore`. */
+  state?: 'running' | 'frozen';
 }
 
 export function canAdopt(b: Backend): b is Backend & Adopting {

@@ -4,7 +4,7 @@
  */
 import type { BackendKind, Resources, SandboxSpec } from '../protocol/index.ts';
 import { ProtocolError } from '../protocol/index.ts';
-import { type Backend, type BackendContext, type BackendPlugin, canAdopt } from './backend.ts';
+import { type Backend, type BackendContext, type BackendPlugin, canAdopt, type KeptSandbox } from './backend.ts';
 import { containerPlugin } from './container/index.ts';
 import { fullvmPlugin } from './fullvm/index.ts';
 import { microvmPlugin } from './microvm/index.ts';
@@ -80,9 +80,9 @@ export class BackendSet {
     return out;
   }
 
-  /** Sandboxes of a previous run the backends kept (recover), hibernated, to be taken up by the node. */
-  kept(): Array<{ kind: BackendKind; id: string; spec: SandboxSpec }> {
-    const out: Array<{ kind: BackendKind; id: string; spec: SandboxSpec }> = [];
+  /** Sandboxes of a previous run the backends kept (recover), to be taken up by the node. */
+  kept(): Array<KeptSandbox & { kind: BackendKind }> {
+    const out: Array<KeptSandbox & { kind: BackendKind }> = [];
     for (const b of this.open.values()) if (canAdopt(b.backend)) for (const k of b.backend.kept()) out.push({ kind: b.kind, ...k });
     return out;
   }

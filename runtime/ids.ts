@@ -61,6 +61,33 @@ export class IdRanges {
     return range(this.free.shift() as number);
   }
 
+  /**
+   * Takes `r` again for a sandbox a previous run of this node left running (its block's lock went
+   * with that run): claims its block if no other node has since. false when one has, or when the
+   * range is not one of the sandbox ranges: the sandbox cannot be kept.
+   */
+  async adopt(r: IdRange): Promise<boolean> {
+    const k = (r.hostId - SANDBOX_IDS.hostId) / SIZE;
+    if (!Number.isInteger(k) || k < 0 || k >= BLOCKS * BLOCK || r.size !== SIZE) return false;
+    const b = Math.floor(k / BLOCK);
+    if (!this.blocks.has(b)) {
+      if (this.closed) return false;
+      mkdirSync(ID_LOCK_DIR, { recursive: true, mode: 0o700 });
+      const holder = await lock(join(ID_LOCK_DIR, String(b)));
+      if (!holder) return false;
+      if (this.blocks.has(b)) holder.kill('SIGKILL');
+      else {
+        this.holders.push(holder);
+        this.blocks.add(b);
+        for (let i = b * BLOCK; i < (b + 1) * BLOCK; i++) this.free.push(i);
+      }
+    }
+    const at = this.free.indexOf(k);
+    if (at < 0) return false;
+    this.free.splice(at, 1);
+    return true;
+  }
+
   /** Gives a range back once nothing of its sandbox runs any more. */
   give(r: IdRange): void {
     const k = (r.hostId - SANDBOX_IDS.hostId) / SIZE;

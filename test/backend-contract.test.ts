@@ -170,11 +170,14 @@ test.serial('a drained node takes no new sandboxes and keeps its own; undrained 
 
 /**
  * Backends whose sandboxes outlive the node's process (capability Adopting: a VM's VMM is a process
- * of its own, its hibernation a file): a restarted node takes them up instead of losing them.
+ * of its own, its hibernation a file; a container's processes run on): a restarted node takes them
+ * up instead of losing them.
  */
-const KEEPS = new Set<BackendKind>(['microvm', 'fullvm']);
+const KEEPS = new Set<BackendKind>(['container', 'microvm', 'fullvm']);
+/** Of those, the ones whose sandboxes are saved and restored across the restart (the rest run on as they were). */
+const SAVED = new Set<BackendKind>(['microvm', 'fullvm']);
 
-test.serial('recovery after a crash: VMs are taken up where they were, other backends clean up and say what was lost, the node serves again', async (t) => {
+test.serial('recovery after a crash: containers and VMs are taken up where they were, other backends clean up and say what was lost, the node serves again', async (t) => {
   const own = await startTestCluster({ env: { PADDOCK_BACKENDS: BACKENDS } });
   t.teardown(() => stopTestCluster(own));
   const node = own.cluster.nodes[0]!;
@@ -186,10 +189,16 @@ test.serial('recovery after a crash: VMs are taken up where they were, other bac
   const before = new Map<string, number>();
   for (const sb of [...sbs, ...asleep, ...halfway]) {
     if (!KEEPS.has(sb.info.backend)) continue;
-    // In the guest's memory only (its writable layer is a tmpfs), and the guest's clock since boot.
+    // In the guest's memory only (its writable layer is a tmpfs), and the guest's clock since boot
+    // (a container's since its start, through lxcfs).
     const r = await sb.exec(['sh', '-c', `echo ${sb.id} > /tmp/kept; cut -d' ' -f1 /proc/uptime`]);
     before.set(sb.id, Number(r.stdout));
   }
+  // A container's process that was running before the crash runs on after it: the same pid.
+  const container = sbs.find((s) => s.info.backend === 'container');
+  // In a session of its own: an exec's end takes its process group with it.
+  const sleeper = container ? (await container.exec(['sh', '-c', 'setsid sleep 100000 >/dev/null 2>&1 </dev/null & echo $!'])).stdout.trim() : undefined;
+  if (container && sleeper) t.is((await container.exec(['cat', `/proc/${sleeper}/comm`])).stdout.trim(), 'sleep', 'running before the crash');
   for (const sb of asleep) t.is((await sb.hibernate()).state, 'hibernated');
   for (const sb of halfway) void sb.hibernate().catch(() => {});
   await new Promise((r) => setTimeout(r, 300));
@@ -212,7 +221,8 @@ test.serial('recovery after a crash: VMs are taken up where they were, other bac
     t.is(info.state, 'failed', info.backend);
     t.is(info.reason, 'node_restarted');
   }
-  // A running VM was saved and is restored under its id: same guest, same memory, its clock on.
+  // A running VM was saved and is restored under its id, a running container taken up as it ran:
+  // same guest, same memory, its clock on.
   for (const sb of sbs.filter((s) => KEEPS.has(s.info.backend))) {
     let info = (await own.pdk.sandboxes.get(sb.id)).info;
     for (let i = 0; i < 240 && info.state !== 'running'; i++) {
@@ -227,11 +237,23 @@ test.serial('recovery after a crash: VMs are taken up where they were, other bac
     t.is(kept, sb.id, 'what it had in memory');
     t.true(Number(up) >= (before.get(sb.id) ?? Number.POSITIVE_INFINITY), `not booted again: uptime ${up} s, ${before.get(sb.id)} s before`);
   }
+  if (container && sleeper) {
+    t.regex(sleeper, /^\d+$/);
+    t.is((await container.exec(['cat', `/proc/${sleeper}/comm`])).stdout.trim(), 'sleep', 'its background process ran through the crash');
+    // A taken-up container works as any: files, pause and resume, and an end that is seen.
+    await container.files.write('/tmp/after', 'written');
+    t.is((await container.exec(['cat', '/tmp/after'])).stdout, 'written');
+    t.is((await container.pause()).state, 'paused');
+    t.is((await container.resume()).state, 'running');
+    const snap = await t.throwsAsync(container.snapshot());
+    t.regex(snap?.message ?? '', /taken up after its node restarted/, 'a snapshot says why it cannot be had');
+  }
   // A hibernated one stays hibernated, says why, and restores as before.
   for (const sb of asleep) {
     const info = (await own.pdk.sandboxes.get(sb.id)).info;
     t.is(info.state, 'hibernated', sb.info.backend);
-    t.is(info.sleepReason, 'node_restarted');
+    // A VM was saved again by the restart; a container slept through it, for its own reason.
+    t.is(info.sleepReason, SAVED.has(sb.info.backend) ? 'node_restarted' : 'requested');
     t.is((await sb.restore()).state, 'running');
     t.is((await sb.exec(['cat', '/tmp/kept'])).stdout.trim(), sb.id);
   }

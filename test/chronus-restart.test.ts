@@ -88,7 +88,7 @@ test('a step in flight when its node died is UNKNOWN_OUTCOME, and is never run a
   const node = cluster.nodes[0]!;
   node.proc.kill('SIGKILL');
   await node.exited;
-  // Its node is back (and has cleaned up what it left); the sandbox is lost with it.
+  // Its node is back (and has taken the sandbox up, the step's process running on in it).
   cluster.nodes[0] = await restartNode({ cluster, home }, node.id);
   await t.throwsAsync(inflight);
 

@@ -8,28 +8,29 @@
  *
  * Layout under the node directory:
  *   layers/<hex>/            one read-only mount per EROFS layer in use
- *   run/                     a tmpfs in the node's own mount namespace (see init)
+ *   run → /dev/shm/paddock-run/<key>   on a tmpfs every mount namespace sees (hostRunDir)
  *   run/crun/                crun's state (--root)
  *   run/sandboxes/<id>/      bundle: config.json, init.pid, crun.err, exec pid and process files,
+ *                            adopt.json (what a restarted node needs to take the sandbox up),
  *                            and disk/ (tmpfs: upper/, work/, l0… the layers idmapped to the
  *                            sandbox's host ids, userns: its user namespace) and rootfs/ (the
  *                            overlay), mounted only in the sandbox's namespaces
  */
 import { spawn } from 'node:child_process';
-import { closeSync, constants, mkdirSync, openSync, readFileSync, writeFileSync } from 'node:fs';
-import { type FileHandle, mkdir, open, readdir, readFile, rm, rmdir, writeFile } from 'node:fs/promises';
+import { createHash } from 'node:crypto';
+import { closeSync, constants, mkdirSync, openSync, readFileSync, renameSync, writeFileSync } from 'node:fs';
+import { type FileHandle, lstat, mkdir, open, readdir, readFile, readlink, rm, rmdir, symlink, writeFile } from 'node:fs/promises';
 import { Socket } from 'node:net';
 import { constants as osConstants } from 'node:os';
-import { join } from 'node:path';
+import { join, resolve } from 'node:path';
 import { Duplex } from 'node:stream';
 import type { Logger } from 'pino';
 import { diskMiBOf, type NetworkPolicy, ProtocolError, type SandboxSpec, type SandboxStats } from '../../protocol/index.ts';
-import type { Backend, ExecOptions, ExecOutcome, HibernateOutcome, PortForwarding, Processes, ProcessOptions, RunningProcess, SnapshotImages, SnapshotStore, Snapshotting } from '../backend.ts';
+import type { Adopting, Backend, ExecOptions, ExecOutcome, HibernateOutcome, KeptSandbox, PortForwarding, Processes, ProcessOptions, RunningProcess, SnapshotImages, SnapshotStore, Snapshotting } from '../backend.ts';
 import { type CgroupMode, cgroupDir, detectCgroups, favorDynamicCgroups, isMountPoint, v1Hierarchies } from '../cgroups.ts';
 import { RootFiles } from '../files.ts';
 import { type IdRange, IdRanges, traversable } from '../ids.ts';
 import { BUSYBOX_INIT } from '../images/busybox.ts';
-import { sysMount } from '../images/fuse.ts';
 import type { LayerManager } from '../images/layers.ts';
 import { waitExecuted } from '../images/started.ts';
 import type { ImageManifest, LayerRef } from '../images/store.ts';
@@ -74,11 +75,13 @@ interface SnapshotRecord {
   meta?: Record<string, unknown>;
 }
 
-export class ContainerBackend implements Backend, Snapshotting, SnapshotStore, PortForwarding, Processes {
+export class ContainerBackend implements Backend, Snapshotting, SnapshotStore, PortForwarding, Processes, Adopting {
   readonly kind = 'container' as const;
   readonly cgroupMode: CgroupMode;
   private crun: string;
   private readonly runDir: string;
+  /** Where runDir points (hostRunDir). */
+  private readonly hostRun: string;
   private readonly crunRoot: string;
   private readonly layersDir: string;
   private readonly sandboxesDir: string;
@@ -107,6 +110,14 @@ export class ContainerBackend implements Backend, Snapshotting, SnapshotStore, P
   private readonly procs = new Map<string, SandboxProc>();
   /** Sandbox by its init's host pid, while it runs: the spawner says when an init ends (initEnded). */
   private readonly byInit = new Map<number, string>();
+  /** Sandboxes of a previous run taken up by recover, for the node (kept). */
+  private readonly keptList: KeptSandbox[] = [];
+  /**
+   * Inits of taken-up sandboxes, by host pid, with their start time: the spawner is not their
+   * parent (the one that was died with the node), so their end is seen by looking (watchAdopted).
+   */
+  private readonly adoptedInits = new Map<number, string>();
+  private adoptWatch?: NodeJS.Timeout;
   /** Told when a sandbox's init ends by itself (an OOM kill, say): the sandbox is over. */
   onCrash?: (id: string, why: string) => void;
   private readonly sleeper: CgroupSleep;
@@ -126,6 +137,7 @@ export class ContainerBackend implements Backend, Snapshotting, SnapshotStore, P
   constructor(private readonly opts: ContainerBackendOptions) {
     this.crun = opts.crun ?? 'crun';
     this.runDir = join(opts.nodeDir, 'run');
+    this.hostRun = hostRunDir(opts.nodeDir);
     this.crunRoot = join(this.runDir, 'crun');
     this.layersDir = join(opts.nodeDir, 'layers');
     this.sandboxesDir = join(this.runDir, 'sandboxes');
@@ -161,16 +173,8 @@ export class ContainerBackend implements Backend, Snapshotting, SnapshotStore, P
     // Mounts only inside the node's own mount namespace (ops/launch.ts), where they end with the node.
     if (process.env[NS_MARK]) {
       if (this.cgroupMode !== 'v2' && !this.dynamicCgroups) this.dynamicCgroups = await favorDynamicCgroups(join(this.opts.nodeDir, 'cgroup-favordynmods'));
-      // The per-sandbox runtime state (bundles, crun's state, a pid file and a process file per
-      // exec) on a tmpfs: every create and exec makes and removes files there, and on this host's
-      // ext4 that cost the node ~1 ms of CPU per sandbox (the inode allocator's recently-deleted
-      // scan). The state needs to outlive nothing but the node: after a crash the next start finds
-      // the sandboxes left behind by their cgroups (recover), and their mounts went with them.
-      if (!(await isMountPoint(this.runDir))) {
-        await mkdir(this.runDir, { recursive: true });
-        await sysMount('paddock-run', this.runDir, 'tmpfs', 0, 'size=1g,mode=0711');
-      }
     }
+    await this.linkRunDir();
     for (const d of [this.crunRoot, this.layersDir, this.sandboxesDir]) await mkdir(d, { recursive: true });
     if (!this.initBinary) {
       const bin = await buildStaticBinary(INIT_SOURCE, this.opts.binDir, 'sandbox-init', 'The sandbox init').catch((err: unknown) => {
@@ -189,6 +193,25 @@ export class ContainerBackend implements Backend, Snapshotting, SnapshotStore, P
     // crun resolves the bundle's rootfs as the sandbox's root, an unprivileged uid.
     await traversable(this.sandboxesDir);
     if (!this.hardening.lxcfs) await this.hardening.startLxcfs();
+  }
+
+  /**
+   * The per-sandbox runtime state (bundles, crun's state, a pid file and a process file per exec)
+   * on a tmpfs: every create and exec makes and removes files there, and on this host's ext4 that
+   * cost the node ~1 ms of CPU per sandbox (the inode allocator's recently-deleted scan). It must
+   * outlive the node: a node killed by SIGKILL leaves its sandboxes running, and the next start
+   * execs in them through crun's state and their bundles. A tmpfs in the node's own mount
+   * namespace went with it, so the directory is on one every namespace of the host sees, and
+   * `<node>/run` links to it.
+   */
+  private async linkRunDir(): Promise<void> {
+    await mkdir(this.hostRun, { recursive: true, mode: 0o711 });
+    const cur = await lstat(this.runDir).catch(() => undefined);
+    if (cur?.isSymbolicLink() && (await readlink(this.runDir)) === this.hostRun) return;
+    // A tmpfs an earlier version mounted here, in this namespace; or what is left of one.
+    if (cur?.isDirectory() && (await isMountPoint(this.runDir))) await run('umount', ['-l', this.runDir], { allowFail: true });
+    if (cur) await rm(this.runDir, { recursive: true, force: true });
+    await symlink(this.hostRun, this.runDir);
   }
 
   /**
@@ -261,8 +284,10 @@ export class ContainerBackend implements Backend, Snapshotting, SnapshotStore, P
       proc.root = this.holdRoot(id, proc.pid);
       this.byInit.set(proc.pid, id);
       await this.limitUcounts(id, proc.pid);
-      if (spec.network) await this.setNetwork(id, spec.network);
       if (quota) await this.setCpuQuota(id, quota);
+      // FnCall's members (`extra.oci`) are a pool of the node's own, made anew after a restart.
+      if (!extra?.oci) this.writeAdoptRecord(id, { v: 1, spec, pid: proc.pid, start: procStat(proc.pid)?.start ?? '', ids, pins: this.hardening.pinsOf(id), env, idle: proc.idle, cwd: proc.cwd, process: proc.process, image });
+      if (spec.network) await this.setNetwork(id, spec.network);
     } catch (e) {
       await this.destroy(id).catch(() => {});
       // A layer the store could not deliver explains an init that failed to start.
@@ -482,12 +507,19 @@ export class ContainerBackend implements Backend, Snapshotting, SnapshotStore, P
 
   /** Applies an egress policy (runtime/network/egress.ts); the first that opens anything gives the sandbox a link. */
   async setNetwork(id: string, policy: NetworkPolicy): Promise<void> {
-    const state = await run(this.crun, ['--root', this.crunRoot, 'state', id]);
-    const pid = (JSON.parse(state.stdout) as { pid?: number }).pid;
+    const { pid } = this.running(id);
     if (!pid) throw new ProtocolError('INVALID_STATE', `sandbox ${id} has no running init`);
     await this.egress.set(id, { pid }, policy, async (text) => {
       await this.files(id).write('/etc/resolv.conf', Buffer.from(text));
     });
+    const rec = readAdoptRecord(this.dir(id));
+    if (rec) this.writeAdoptRecord(id, { ...rec, network: policy });
+  }
+
+  private writeAdoptRecord(id: string, rec: AdoptRecord): void {
+    const f = join(this.dir(id), 'adopt.json');
+    writeFileSync(`${f}.new`, JSON.stringify(rec));
+    renameSync(`${f}.new`, f);
   }
 
   files(id: string): RootFiles {
@@ -551,13 +583,16 @@ export class ContainerBackend implements Backend, Snapshotting, SnapshotStore, P
    * A sandbox's init ended while the sandbox was not being destroyed: nothing of it runs any more
    * (the kernel kills a pid namespace with its pid 1), so every exec would only fail. Said at once.
    */
-  private initEnded(pid: number, code: number): void {
+  private initEnded(pid: number, code?: number): void {
     const id = this.byInit.get(pid);
     if (id === undefined) return;
     this.byInit.delete(pid);
     const p = this.procs.get(id);
-    const sig = code > 128 ? Object.entries(osConstants.signals).find(([, n]) => n === code - 128)?.[0] : undefined;
-    const why = `its init (pid 1) ended ${sig ? `by ${sig}` : `with exit code ${code}`}${sig === 'SIGKILL' && this.oomKilled(id) ? ' (the OOM killer chose it)' : ''}`;
+    const sig = code !== undefined && code > 128 ? Object.entries(osConstants.signals).find(([, n]) => n === code - 128)?.[0] : undefined;
+    // A taken-up sandbox's init is not the spawner's child: how it ended is its new parent's to know.
+    const how = code === undefined ? '' : sig ? ` by ${sig}` : ` with exit code ${code}`;
+    const oom = (code === undefined || sig === 'SIGKILL') && this.oomKilled(id);
+    const why = `its init (pid 1) ended${how}${oom ? ' (the OOM killer chose it)' : ''}`;
     if (p) p.ended = why;
     this.opts.log?.warn({ sandbox: id, pid, code }, 'sandbox init ended');
     this.onCrash?.(id, why);
@@ -574,7 +609,10 @@ export class ContainerBackend implements Backend, Snapshotting, SnapshotStore, P
     if (p?.root !== undefined) closeSync(p.root);
     // Held, the disk's tmpfs (charged to this sandbox) would outlive it.
     if (p?.disk) this.spawn?.releaseDisk(p.disk);
-    if (p?.pid !== undefined) this.byInit.delete(p.pid);
+    if (p?.pid !== undefined) {
+      this.byInit.delete(p.pid);
+      this.adoptedInits.delete(p.pid);
+    }
     this.procs.delete(id);
     await this.egress.remove(id);
     // Frozen processes cannot die: thaw first, or `delete --force` waits on them.
@@ -673,30 +711,97 @@ export class ContainerBackend implements Backend, Snapshotting, SnapshotStore, P
     if (this.cgroupMode === 'v1') await rm(join('/sys/fs/cgroup/unified', path), { recursive: true, force: true });
   }
 
+  /**
+   * What a previous run of this node left. A sandbox whose init still runs (a node killed by
+   * SIGKILL leaves them running) is taken up as it is: its processes, memory and files, asleep if
+   * its cgroup is frozen (kept). The rest is removed: sandboxes whose init is gone, ones made
+   * halfway, and cgroups with no sandbox.
+   */
   async recover(): Promise<string[]> {
     await this.init();
     await this.egress.recover();
-    const ids = new Set<string>(await readdir(this.sandboxesDir).catch(() => [] as string[]));
+    const ids = new Set<string>();
+    for (const id of await readdir(this.sandboxesDir).catch(() => [] as string[])) {
+      const kept = await this.takeBack(id).catch((err: unknown) => {
+        this.opts.log?.warn({ err, sandbox: id }, 'a sandbox the previous run left could not be taken up');
+        return false;
+      });
+      if (!kept) ids.add(id);
+    }
+    const keptIds = new Set(this.keptList.map((k) => k.id));
     const listed = await run(this.crun, ['--root', this.crunRoot, 'list', '--quiet'], { allowFail: true });
-    for (const line of listed.stdout.split('\n')) if (line.trim()) ids.add(line.trim());
+    for (const line of listed.stdout.split('\n')) if (line.trim() && !keptIds.has(line.trim())) ids.add(line.trim());
     for (const id of ids) await this.destroy(id);
-    // Cgroups of sandboxes whose crun state was already gone, in any hierarchy.
+    // Cgroups of sandboxes whose state was already gone, in any hierarchy.
     const parentPath = `/paddock/${this.opts.nodeId}`;
     const strays = new Set<string>();
     for (const h of this.cgroupMode === 'v2' ? [''] : this.hierarchies) {
       for (const d of await readdir(cgroupDir(this.cgroupMode, parentPath, h), { withFileTypes: true }).catch(() => [])) {
-        if (d.isDirectory()) strays.add(d.name);
+        if (d.isDirectory() && !keptIds.has(d.name)) strays.add(d.name);
       }
     }
-    // After a SIGKILL every sandbox is one of these: the run tmpfs with crun's state went with the
-    // node's mount namespace. A single kill-then-rmdir left the cgroups of a sandbox whose tasks
-    // were still dying (EBUSY) until the next restart, seen in the fault test; these wait for them.
+    // A single kill-then-rmdir left the cgroups of a sandbox whose tasks were still dying (EBUSY)
+    // until the next restart, seen in the fault test; these wait for them.
     for (const name of strays) {
       // The previous run's pool of empty cgroups (cgroup-pool.ts): no sandbox's.
       if (!/^pool-\d+$/.test(name)) ids.add(name);
       await this.emptyAndRemove(`${parentPath}/${name}`, true).catch((err: unknown) => this.opts.log?.warn({ err, sandbox: name }, 'could not remove the cgroups a previous run left'));
     }
+    if (this.keptList.length === 0) this.hardening.stopPredecessor();
+    else this.watchAdopted();
     return [...ids];
+  }
+
+  kept(): KeptSandbox[] {
+    return [...this.keptList];
+  }
+
+  /**
+   * Takes up sandbox `id` of a previous run if its init still runs (the same process: same pid
+   * and start time, in the sandbox's cgroup) and its range of host ids can be held again. Whatever
+   * it took is undone by the destroy that follows a false.
+   */
+  private async takeBack(id: string): Promise<boolean> {
+    const rec = readAdoptRecord(this.dir(id));
+    if (!rec) return false;
+    const st = procStat(rec.pid);
+    if (!st || st.start !== rec.start || st.state === 'Z') return false;
+    if (!(await this.idRanges.adopt(rec.ids))) {
+      this.opts.log?.warn({ sandbox: id, hostId: rec.ids.hostId }, "a sandbox the previous run left is not taken up: another node holds its host ids' block");
+      return false;
+    }
+    this.idsOf.set(id, rec.ids);
+    const proc: SandboxProc = { env: rec.env, idle: rec.idle, cwd: rec.cwd, process: rec.process, image: rec.image, pid: rec.pid, adopted: true };
+    this.procs.set(id, proc);
+    if (rec.pins) this.hardening.repin(id, rec.pins);
+    proc.root = this.holdRoot(id, rec.pid);
+    this.byInit.set(rec.pid, id);
+    this.adoptedInits.set(rec.pid, rec.start);
+    const path = this.cgroupPath(id);
+    const frozen = await this.sleeper.isFrozen(path);
+    if (!frozen) this.sleeper.started(path);
+    // Its link, rules and DNS filter went with the previous run (egress.recover): made again.
+    if (rec.network) await this.setNetwork(id, rec.network);
+    this.keptList.push({ id, spec: rec.spec, state: frozen ? 'frozen' : 'running' });
+    return true;
+  }
+
+  /** Looks for taken-up inits that ended, every ADOPTED_WATCH_MS, until none is left. */
+  private watchAdopted(): void {
+    if (this.adoptWatch) return;
+    this.adoptWatch = setInterval(() => {
+      for (const [pid, start] of this.adoptedInits) {
+        const st = procStat(pid);
+        if (st && st.start === start && st.state !== 'Z') continue;
+        this.adoptedInits.delete(pid);
+        this.initEnded(pid);
+      }
+      if (this.adoptedInits.size === 0) {
+        clearInterval(this.adoptWatch);
+        this.adoptWatch = undefined;
+      }
+    }, ADOPTED_WATCH_MS);
+    this.adoptWatch.unref();
   }
 
   // ─── ports (portfwd.c) ─────────────────────────────────────────────────────────────────
@@ -764,7 +869,7 @@ export class ContainerBackend implements Backend, Snapshotting, SnapshotStore, P
   async snapshot(id: string, opts: { name?: string; meta?: Record<string, unknown> } = {}): Promise<{ snapshot: string; bytes: number }> {
     const p = this.running(id);
     const store = this.images();
-    if (!p.disk) throw new ProtocolError('UNAVAILABLE', `sandbox ${id}'s writable layer cannot be reached (the node's process spawner restarted after it was created): its files cannot be snapshotted`);
+    if (!p.disk) throw new ProtocolError('UNAVAILABLE', `sandbox ${id}'s writable layer cannot be reached (${p.adopted ? 'the sandbox was taken up after its node restarted, and the hold on its writable layer went with the old node' : "the node's process spawner restarted after it was created"}): its files cannot be snapshotted`, { detail: { what: 'the writable layer' } });
     const name = opts.name ?? `sn-${id}-${Date.now().toString(36)}`;
     const image = snapshotImageName(name);
     await mkdir(this.snapshotsDir, { recursive: true });
@@ -839,6 +944,8 @@ export class ContainerBackend implements Backend, Snapshotting, SnapshotStore, P
   }
 
   async close(): Promise<void> {
+    clearInterval(this.adoptWatch);
+    this.adoptWatch = undefined;
     await this.initBinary?.close().catch(() => {});
     this.initBinary = undefined;
     await this.egress.close();
@@ -848,8 +955,61 @@ export class ContainerBackend implements Backend, Snapshotting, SnapshotStore, P
     this.pool?.drain();
     await this.removeCgroup(`/paddock/${this.opts.nodeId}`);
     await this.removeCgroup('/paddock');
+    // Every sandbox is gone: nothing of the runtime state is left to take up.
+    await rm(this.runDir, { force: true });
+    await rm(this.hostRun, { recursive: true, force: true });
   }
 }
+
+/**
+ * The node's runtime directory on the host's /dev/shm (a tmpfs in every mount namespace), named
+ * from the node's directory: two nodes of one host never share one, and a restart finds its own.
+ */
+function hostRunDir(nodeDir: string): string {
+  const key = createHash('sha256').update(resolve(nodeDir)).digest('hex').slice(0, 16);
+  return join(process.env.PADDOCK_RUN_DIR ?? '/dev/shm/paddock-run', key);
+}
+
+/** What a restarted node needs to take a running sandbox up again (`<bundle>/adopt.json`). */
+interface AdoptRecord {
+  v: 1;
+  spec: SandboxSpec;
+  pid: number;
+  /** Its init's start time (procStat): a pid the host has since given to another process does not match. */
+  start: string;
+  ids: IdRange;
+  pins?: number[];
+  env: Record<string, string>;
+  idle: boolean;
+  cwd: string;
+  process: Record<string, unknown>;
+  image: ImageManifest;
+  /** The egress policy it has now (setNetwork). */
+  network?: NetworkPolicy;
+}
+
+function readAdoptRecord(dir: string): AdoptRecord | undefined {
+  try {
+    const rec = JSON.parse(readFileSync(join(dir, 'adopt.json'), 'utf8')) as AdoptRecord;
+    return rec.v === 1 && Number.isInteger(rec.pid) && rec.pid > 1 && typeof rec.start === 'string' && rec.start !== '' ? rec : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+/** A process's state letter and start time (fields 3 and 22 of /proc/<pid>/stat), or undefined when it is gone. */
+function procStat(pid: number): { state: string; start: string } | undefined {
+  const text = readText(`/proc/${pid}/stat`);
+  if (!text) return undefined;
+  // Its name (field 2) may hold spaces and parentheses: the fields after it follow the last ')'.
+  const rest = text.slice(text.lastIndexOf(')') + 2).split(' ');
+  const state = rest[0];
+  const start = rest[19];
+  return state && start ? { state, start } : undefined;
+}
+
+/** How often the inits of taken-up sandboxes are looked at (a read of /proc/<pid>/stat each). */
+const ADOPTED_WATCH_MS = 1000;
 
 const INIT_SOURCE = sourceFile('runtime/container/init.c');
 const PORTFWD_SOURCE = sourceFile('runtime/container/portfwd.c');
@@ -882,6 +1042,8 @@ interface SandboxProc {
   image: ImageManifest;
   /** Its writable layer's disk, held open by the spawner (snapshots read the upper dir through it). */
   disk?: { pid: number; fd: number };
+  /** Taken up from a previous run of the node (recover). */
+  adopted?: boolean;
 }
 
 

@@ -36,6 +36,8 @@ export class Hardening {
   private lxcfsDir?: string;
   private lxcfsProc?: ReturnType<typeof spawn>;
   private lxcfsCgroupDir?: string;
+  /** The previous run's lxcfs, still running (staleLxcfs). */
+  private predecessor?: number;
 
   constructor(
     private readonly nodeDir: string,
@@ -105,6 +107,17 @@ export class Hardening {
       .join(',');
   }
 
+  /** The CPUs a sandbox of a previous run was pinned to (pinsOf), counted again. */
+  repin(id: string, cpus: number[]): void {
+    for (const i of cpus) this.pinned[i] = (this.pinned[i] ?? 0) + 1;
+    this.pins.set(id, [...cpus]);
+  }
+
+  /** The CPU indexes a sandbox is pinned to, for its record. */
+  pinsOf(id: string): number[] | undefined {
+    return this.pins.get(id);
+  }
+
   unpin(id: string): void {
     for (const i of this.pins.get(id) ?? []) this.pinned[i] = Math.max(0, (this.pinned[i] ?? 1) - 1);
     this.pins.delete(id);
@@ -119,11 +132,12 @@ export class Hardening {
     if (process.env.PADDOCK_LXCFS === '0') return undefined;
     const dir = join(this.nodeDir, 'lxcfs');
     const pidFile = join(this.nodeDir, 'lxcfs.pid');
-    await stopStale(pidFile);
+    this.predecessor = await staleLxcfs(pidFile);
     await mkdir(dir, { recursive: true });
-    // Dies with the node even when the node is SIGKILLed: an orphaned lxcfs would keep the node's
-    // private mount namespace alive.
-    const proc = spawn('setpriv', ['--pdeathsig', 'KILL', '--', 'lxcfs', '--foreground', '--pidfile', pidFile, dir], { stdio: 'ignore' });
+    // Outlives a node killed by SIGKILL: the sandboxes it leaves running read their /proc files
+    // through it until the next start takes them up. The layer daemon then detaches its mount in
+    // that node's namespace (lazyfs-main.ts), so it ends with the last sandbox that uses it.
+    const proc = spawn('lxcfs', ['--foreground', '--pidfile', pidFile, dir], { stdio: 'ignore' });
     const ok = await new Promise<boolean>((resolve) => {
       proc.on('error', () => resolve(false));
       proc.on('exit', () => resolve(false));
@@ -174,6 +188,21 @@ export class Hardening {
     }
   }
 
+  /**
+   * Stops the lxcfs a previous run left, once no sandbox of that run was taken up (they read their
+   * /proc files through it). One that serves taken-up sandboxes ends with the last of them.
+   */
+  stopPredecessor(): void {
+    const pid = this.predecessor;
+    this.predecessor = undefined;
+    if (pid === undefined) return;
+    try {
+      process.kill(pid, 'SIGKILL');
+    } catch {
+      // gone
+    }
+  }
+
   get lxcfs(): string | undefined {
     return this.lxcfsDir;
   }
@@ -193,19 +222,13 @@ export class Hardening {
   }
 }
 
-async function stopStale(pidFile: string): Promise<void> {
+/** The lxcfs a previous run of the node left running, if one did. */
+async function staleLxcfs(pidFile: string): Promise<number | undefined> {
   const pid = Number.parseInt(await readFile(pidFile, 'utf8').catch(() => ''), 10);
-  if (pid > 1) {
-    const comm = await readFile(`/proc/${pid}/comm`, 'utf8').catch(() => '');
-    if (comm.trim() === 'lxcfs') {
-      try {
-        process.kill(pid, 'SIGKILL');
-      } catch {
-        // gone
-      }
-    }
-  }
   await rm(pidFile, { force: true });
+  if (!(pid > 1)) return undefined;
+  const comm = await readFile(`/proc/${pid}/comm`, 'utf8').catch(() => '');
+  return comm.trim() === 'lxcfs' ? pid : undefined;
 }
 
 /**

@@ -61,6 +61,9 @@ export interface LayerReadStats {
 
 const zero = (): LayerCounters => ({ fetchedBytes: 0, fetches: 0, hits: 0, misses: 0, shared: 0, errors: 0, corrupt: 0 });
 
+/** The file in the node's directory its store's address is written to (node-images.ts), for a layer daemon a killed predecessor left. */
+export const STORE_URL_FILE = 'store.url';
+
 export interface LayerCacheOptions {
   dir: string;
   budgetBytes: number;
@@ -85,6 +88,15 @@ export class LayerCache {
   private mapTimer?: NodeJS.Timeout;
 
   constructor(private readonly o: LayerCacheOptions) {}
+
+  /** Reads from another store address from now on (a restarted node serves its embedded store on a new port). */
+  setStoreUrl(url: string): void {
+    this.o.storeUrl = url;
+  }
+
+  get storeUrl(): string {
+    return this.o.storeUrl;
+  }
 
   /** Picks up what a previous run of this node left in the cache directory. */
   async init(): Promise<void> {

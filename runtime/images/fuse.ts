@@ -68,6 +68,8 @@ export interface FuseHandlers {
   /** A name the directory does not list yet: return its file if it can be had, else null. */
   resolve?(name: string): FuseFile | null;
   onError?(err: unknown): void;
+  /** The kernel ended the connection (ENODEV): the mount and every file open on it are gone. */
+  onEnd?(): void;
 }
 
 function header(len: number, error: number, unique: bigint): Buffer {
@@ -178,7 +180,9 @@ export class FuseServer {
             next();
             return;
           }
+          const wasOpen = !this.closed;
           this.closed = true;
+          if (wasOpen && code === 'ENODEV') this.handlers.onEnd?.();
           return;
         }
         const msg = Buffer.from(buf.subarray(0, n));
@@ -376,6 +380,11 @@ export class FuseServer {
         this.fail(unique, Errno.ENOSYS);
         return;
     }
+  }
+
+  /** Whether the connection has ended (ENODEV, or close). */
+  get ended(): boolean {
+    return this.closed;
   }
 
   /** Stops serving; the caller unmounts. Reads still pending get ENOTCONN from the kernel. */

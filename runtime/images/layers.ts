@@ -69,6 +69,7 @@ export class LayerManager {
       timeoutMs: this.o.timeoutMs,
       attempts: this.o.attempts ?? 2,
       readaheadBytes: this.o.readaheadBytes,
+      nodeDir: this.o.nodeDir,
     };
     const child = fork(moduleFile('runtime/images/lazyfs-main'), [JSON.stringify(cfg)], {
       // FUSE reads block libuv threads: room for them plus the cache's own file I/O.

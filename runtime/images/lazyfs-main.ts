@@ -9,9 +9,10 @@
  * node goes away the channel closes and the daemon unmounts and exits.
  */
 import { spawn } from 'node:child_process';
-import { mkdir } from 'node:fs/promises';
+import { mkdir, readFile } from 'node:fs/promises';
+import { join } from 'node:path';
 import type { LayerLoadMode } from '../../protocol/index.ts';
-import { CacheFullError, type CacheLayerRef, LayerCache } from './cache.ts';
+import { CacheFullError, type CacheLayerRef, LayerCache, STORE_URL_FILE } from './cache.ts';
 import { FuseServer } from './fuse.ts';
 
 export interface LayerDaemonConfig {
@@ -23,6 +24,8 @@ export interface LayerDaemonConfig {
   attempts: number;
   /** The kernel's read-ahead on the lazy files, bytes (undefined: its own default). */
   readaheadBytes?: number;
+  /** The node's directory: what the node mounted under it is detached when the node dies. */
+  nodeDir?: string;
 }
 
 export type LayerDaemonRequest =
@@ -42,12 +45,29 @@ export type LayerDaemonMessage =
   | { event: 'fatal'; message: string };
 
 function send(m: LayerDaemonMessage): void {
-  process.send?.(m);
+  // Once the node is gone there is no one to tell, and a send then throws (an unhandled 'error').
+  if (process.connected) process.send?.(m);
 }
 
-/** After the node died: how long without a read before the daemon stops, and how long at most. */
-const ORPHAN_IDLE_MS = 30_000;
-const ORPHAN_MAX_MS = 600_000;
+/** Orphaned, a read the store did not answer is tried again this often, this many times: the next node may be starting. */
+const ORPHAN_RETRY_MS = 1000;
+const ORPHAN_RETRIES = 30;
+
+/**
+ * Mount points under `dir` in this process's mount namespace (the node's, which it shares), deepest
+ * first. mountinfo escapes spaces and the like as octal.
+ */
+async function mountsUnder(dir: string): Promise<string[]> {
+  const text = await readFile('/proc/self/mountinfo', 'utf8').catch(() => '');
+  const out = new Set<string>();
+  for (const line of text.split('\n')) {
+    const at = line.split(' ')[4];
+    if (!at) continue;
+    const path = at.replace(/\\([0-7]{3})/g, (_, o: string) => String.fromCharCode(Number.parseInt(o, 8)));
+    if (path === dir || path.startsWith(`${dir}/`)) out.add(path);
+  }
+  return [...out].sort((a, b) => b.length - a.length);
+}
 
 async function umount(target: string): Promise<void> {
   await new Promise<void>((resolve) => {
@@ -77,13 +97,32 @@ async function main(): Promise<void> {
   await cache.init();
   await mkdir(cfg.mountpoint, { recursive: true });
   await umount(cfg.mountpoint);
-  let lastRead = Date.now();
-  const fs = new FuseServer(cfg.mountpoint, {
-    read: (name, offset, length) => {
-      lastRead = Date.now();
-      return cache.read(name.replace(/\.erofs$/, ''), offset, length);
+  let orphaned = false;
+  const fs = new FuseServer(
+    cfg.mountpoint,
+    {
+      read: async (name, offset, length) => {
+        for (let i = 0; ; i++) {
+          try {
+            return await cache.read(name.replace(/\.erofs$/, ''), offset, length);
+          } catch (err) {
+            // The node that served the embedded store died with it: the next one serves it at the
+            // address it writes down. Until then the reader waits rather than get EIO.
+            if (!orphaned || !cfg.nodeDir || i >= ORPHAN_RETRIES) throw err;
+            await new Promise((r) => setTimeout(r, ORPHAN_RETRY_MS));
+            const url = (await readFile(join(cfg.nodeDir, STORE_URL_FILE), 'utf8').catch(() => '')).trim();
+            if (url) cache.setStoreUrl(url);
+          }
+        }
+      },
+      // Orphaned, the last user of the mount let go: nothing is left to serve.
+      onEnd: () => {
+        if (orphaned) void shutdown();
+      },
     },
-  }, 4, cfg.readaheadBytes);
+    4,
+    cfg.readaheadBytes,
+  );
   await fs.mount();
 
   let closing = false;
@@ -100,20 +139,20 @@ async function main(): Promise<void> {
     process.kill(process.pid, 'SIGKILL');
   };
   // The node asks (close) before it lets go. A channel that closes without that is a node that
-  // died: what it started (VMMs, containers) still reads layers through this filesystem until
-  // the node's next start saves or removes them. Those reads are served until none has come for
-  // ORPHAN_IDLE_MS (ORPHAN_MAX_MS at most); stopping at once failed them (a VMM's pending read
-  // also held up the QMP `stop` that saving it needs).
+  // died: what it started (VMMs, containers) runs on and reads layers through this filesystem
+  // until the node's next start takes it up or removes it. So the daemon detaches every mount the
+  // node made in its namespace (the layers, lxcfs, this one): then only those sandboxes and VMMs
+  // hold this filesystem, and the kernel ends the connection (ENODEV) when the last of them is
+  // gone. Stopping at once failed their reads (a VMM's pending read also held up the QMP `stop`
+  // that saving it needs); stopping after a quiet spell failed a container's first read after it.
   process.on('disconnect', () => {
     if (closeAsked) return void shutdown();
-    const since = Date.now();
-    const t = setInterval(() => {
-      const now = Date.now();
-      if (now - lastRead >= ORPHAN_IDLE_MS || now - since >= ORPHAN_MAX_MS) {
-        clearInterval(t);
-        void shutdown();
-      }
-    }, 1000);
+    orphaned = true;
+    void (async () => {
+      const dir = cfg.nodeDir;
+      for (const m of dir ? await mountsUnder(dir) : [cfg.mountpoint]) await umount(m);
+      if (fs.ended) void shutdown();
+    })();
   });
   process.on('SIGTERM', () => void shutdown());
 

@@ -8,10 +8,12 @@
  * layer ranges from that.
  */
 
-import { rm, writeFile } from 'node:fs/promises';
+import { rename, rm, writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
 import { type NodeLayerStats, ProtocolError, type SandboxSpec } from '../../protocol/index.ts';
 import type { NodeConfig } from '../config.ts';
 import { ensureBusyboxImage } from './busybox.ts';
+import { STORE_URL_FILE } from './cache.ts';
 import { DEFAULT_CHUNK, indexFile, sha256 } from './chunks.ts';
 import type { LayerStore } from './layer-store.ts';
 import { LayerManager } from './layers.ts';
@@ -100,6 +102,9 @@ export class NodeImages {
       log: this.log,
     });
     await this.layers.start();
+    // For a layer daemon a killed predecessor left serving its sandboxes (lazyfs-main.ts).
+    await writeFile(join(this.cfg.nodeDir, `${STORE_URL_FILE}.new`), this.storeUrl);
+    await rename(join(this.cfg.nodeDir, `${STORE_URL_FILE}.new`), join(this.cfg.nodeDir, STORE_URL_FILE));
     this.log.info({ store: this.storeUrl, embedded: !!this.server, mode: l.mode, cacheBytes: l.cacheBytes }, 'layer store ready');
   }
 
