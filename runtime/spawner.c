@@ -286,6 +286,31 @@ static void idmapped_layers(int errw, const struct run *r, int ns) {
   }
 }
 
+/*
+ * And one for the sandbox's init, as its fd 4 (crun --preserve-fds 2, after the init binary at 3):
+ * the init holds the disk for the sandbox's life, so a node restarted after a crash, whose
+ * spawner's hold died with the old one, still reaches the upper dir as /proc/<init>/fd/4. The init
+ * is not dumpable and no process of the sandbox has CAP_SYS_PTRACE: they cannot open it. Fds of
+ * this child's own that sit at 4 move up first.
+ */
+static void pass_disk(int *errw, const struct run *r) {
+  int *mine[] = {errw, &sealed_fd, &keep_sock[1]};
+  for (size_t i = 0; i < sizeof mine / sizeof *mine; i++) {
+    if (*mine[i] != 4) continue;
+    int n = fcntl(4, F_DUPFD_CLOEXEC, 5);
+    if (n < 0) fail(*errw, 125, "move fd 4");
+    *mine[i] = n;
+  }
+  int d = open(r->disk, O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (d < 0) fail(*errw, 125, "open %s", r->disk);
+  if (d == 4) {
+    fcntl(4, F_SETFD, 0);
+    return;
+  }
+  if (dup2(d, 4) < 0) fail(*errw, 125, "dup2 %s to 4", r->disk);
+  close(d);
+}
+
 static void own_mounts(int errw, const struct run *r) {
   char upper[4096], work[4096];
   snprintf(upper, sizeof upper, "%s/upper", r->disk);
@@ -400,7 +425,10 @@ static void __attribute__((noreturn)) child(const struct run *r, int errw, int c
     if (adj < 0 || write(adj, "500", 3) != 3) fail(errw, 125, "oom_score_adj");
     close(adj);
   }
-  if (strchr(r->flags, 'm')) own_mounts(errw, r);
+  if (strchr(r->flags, 'm')) {
+    own_mounts(errw, r);
+    if (have_fd3 && strchr(r->flags, '3')) pass_disk(&errw, r);
+  }
   if (sealed_fd >= 0 && strcmp(r->argv[0], sealed_path) == 0) fexecve(sealed_fd, r->argv, r->envp ? r->envp : environ);
   else if (r->envp) execvpe(r->argv[0], r->argv, r->envp);
   else execvp(r->argv[0], r->argv);

@@ -18,7 +18,7 @@
  */
 import { spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import { closeSync, constants, mkdirSync, openSync, readFileSync, renameSync, writeFileSync } from 'node:fs';
+import { closeSync, constants, mkdirSync, openSync, readFileSync, renameSync, statSync, writeFileSync } from 'node:fs';
 import { type FileHandle, lstat, mkdir, open, readdir, readFile, readlink, rm, rmdir, symlink, writeFile } from 'node:fs/promises';
 import { Socket } from 'node:net';
 import { constants as osConstants } from 'node:os';
@@ -335,7 +335,8 @@ export class ContainerBackend implements Backend, Snapshotting, SnapshotStore, P
     // stderr goes to a file rather than a pipe we would wait on forever.
     const errFile = join(dir, 'crun.err');
     const init = this.initBinary !== undefined;
-    const argv = [this.crun, '--root', this.crunRoot, 'run', '-d', ...(init ? ['--preserve-fds', '1'] : []), '--pid-file', join(dir, 'init.pid'), '--bundle', dir, id];
+    // fd 3: the init's binary; fd 4: the sandbox's disk, which the init holds (spawner.c pass_disk).
+    const argv = [this.crun, '--root', this.crunRoot, 'run', '-d', ...(init ? ['--preserve-fds', '2'] : []), '--pid-file', join(dir, 'init.pid'), '--bundle', dir, id];
     const { code, disk } = await this.spawner().run({ argv, env: { PATH: process.env.PATH ?? '/usr/bin:/bin' }, stderrFile: errFile, idle, passFd3: init, mounts });
     const p = this.procs.get(id);
     if (disk && p) p.disk = disk;
@@ -775,6 +776,8 @@ export class ContainerBackend implements Backend, Snapshotting, SnapshotStore, P
     this.procs.set(id, proc);
     if (rec.pins) this.hardening.repin(id, rec.pins);
     proc.root = this.holdRoot(id, rec.pid);
+    // The spawner that held its disk died with the old node; its init holds it too (spawner.c pass_disk).
+    if (statSync(`/proc/${rec.pid}/fd/${INIT_DISK_FD}/upper`, { throwIfNoEntry: false })?.isDirectory()) proc.disk = { pid: rec.pid, fd: INIT_DISK_FD };
     this.byInit.set(rec.pid, id);
     this.adoptedInits.set(rec.pid, rec.start);
     const path = this.cgroupPath(id);
@@ -869,7 +872,7 @@ export class ContainerBackend implements Backend, Snapshotting, SnapshotStore, P
   async snapshot(id: string, opts: { name?: string; meta?: Record<string, unknown> } = {}): Promise<{ snapshot: string; bytes: number }> {
     const p = this.running(id);
     const store = this.images();
-    if (!p.disk) throw new ProtocolError('UNAVAILABLE', `sandbox ${id}'s writable layer cannot be reached (${p.adopted ? 'the sandbox was taken up after its node restarted, and the hold on its writable layer went with the old node' : "the node's process spawner restarted after it was created"}): its files cannot be snapshotted`, { detail: { what: 'the writable layer' } });
+    if (!p.disk) throw new ProtocolError('UNAVAILABLE', `sandbox ${id}'s writable layer cannot be reached (${p.adopted ? 'it was taken up after its node restarted, and its init holds no disk' : "the node's process spawner restarted after it was created"}): its files cannot be snapshotted`, { detail: { what: 'the writable layer' } });
     const name = opts.name ?? `sn-${id}-${Date.now().toString(36)}`;
     const image = snapshotImageName(name);
     await mkdir(this.snapshotsDir, { recursive: true });
@@ -1007,6 +1010,9 @@ function procStat(pid: number): { state: string; start: string } | undefined {
   const start = rest[19];
   return state && start ? { state, start } : undefined;
 }
+
+/** The fd at which a sandbox's init holds its disk (spawner.c pass_disk). */
+const INIT_DISK_FD = 4;
 
 /** How often the inits of taken-up sandboxes are looked at (a read of /proc/<pid>/stat each). */
 const ADOPTED_WATCH_MS = 1000;

@@ -207,6 +207,8 @@ int main(int argc, char **argv) {
   /* pid 1 is always the init: anything else is a terminal's relay (crun exec of this binary). */
   if (getpid() != 1 && argc > 1 && strcmp(argv[1], "pty") == 0) return pty_main(argc - 2, argv + 2);
   prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+  /* fd 4, when open, is the sandbox's disk, held for the node (spawner.c pass_disk): not the image init's. */
+  fcntl(4, F_SETFD, FD_CLOEXEC);
 
   sigset_t chld, all;
   sigemptyset(&chld);

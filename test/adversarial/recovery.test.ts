@@ -1,4 +1,4 @@
-/** A node that dies mid-flight leaves links, firewall rules, address claims and lxcfs behind: its next start removes them. */
+/** A node that dies mid-flight leaves its sandboxes running with their links, firewall rules, address claims and lxcfs: its next start takes them up. */
 import { execFile } from 'node:child_process';
 import { readdir, readFile } from 'node:fs/promises';
 import { promisify } from 'node:util';
@@ -25,16 +25,23 @@ const tableExists = (node: string) => sh(NFT, ['list', 'table', 'inet', `pdk_${n
   () => false,
 );
 
-test('a node killed with SIGKILL: its next start removes the links, rules and claims of networked sandboxes', async (t) => {
+/** Running, not a zombie waiting for its new parent to reap it. */
+async function alive(pid: number): Promise<boolean> {
+  if (!(pid > 1)) return false;
+  const st = await readFile(`/proc/${pid}/stat`, 'utf8').catch(() => '');
+  return st !== '' && st.slice(st.lastIndexOf(')') + 2, st.lastIndexOf(')') + 3) !== 'Z';
+}
+
+test('a node killed with SIGKILL: its next start takes its networked sandboxes up with their policies made anew, and what the old node left ends with them', async (t) => {
   const c = await startTestCluster();
   t.teardown(() => stopTestCluster(c));
   const first = c.cluster.nodes[0]!;
-  await c.pdk.sandboxes.create({ network: { allow: ['198.18.0.1/32:443'] } });
-  await c.pdk.sandboxes.create({ network: { domains: ['example.test'] } });
+  const sbs = [await c.pdk.sandboxes.create({ network: { allow: ['198.18.0.1/32:443'] } }), await c.pdk.sandboxes.create({ network: { domains: ['example.test'] } })];
   const claims = await claimsOf(first.id);
   t.is(claims.length, 2);
   t.true(await tableExists(first.id));
   const lxcfsPid = Number((await readFile(`${c.home}/nodes/${first.id}/lxcfs.pid`, 'utf8').catch(() => '0')).trim());
+  t.true(await alive(lxcfsPid));
 
   first.proc.kill('SIGKILL');
   await first.exited;
@@ -47,17 +54,33 @@ test('a node killed with SIGKILL: its next start removes the links, rules and cl
   };
   t.teardown(restart);
   for (const i of claims) t.true(await linkExists(i), `pdk${i} outlives its node`);
-  // lxcfs dies with its node (parent-death signal): it would keep the node's mount namespace alive.
+  // The sandboxes read their /proc files through the old lxcfs: it outlives its node too.
   await new Promise((r) => setTimeout(r, 300));
-  // (A zombie counts as gone: its new parent reaps it when it gets to it.)
-  const state = lxcfsPid > 1 ? await readFile(`/proc/${lxcfsPid}/stat`, 'utf8').then((st) => st.slice(st.lastIndexOf(')') + 2, st.lastIndexOf(')') + 3), () => 'gone') : 'gone';
-  t.true(state === 'gone' || state === 'Z', `lxcfs is ${state}`);
+  t.true(await alive(lxcfsPid), 'lxcfs serves on for the sandboxes');
 
   await restart();
+  // The old links, rules and claims are gone; each sandbox has a link and rules of the new node's.
+  const again = await claimsOf(first.id);
+  t.is(again.length, 2);
+  for (const i of claims) if (!again.includes(i)) t.false(await linkExists(i), `pdk${i} removed`);
+  for (const i of again) t.true(await linkExists(i));
+  t.true(await tableExists(first.id));
+  for (const sb of sbs) {
+    t.is((await c.pdk.sandboxes.get(sb.id)).info.state, 'running');
+    const links = (await sb.exec(['ls', '/sys/class/net'])).stdout.split('\n').filter((l) => l && l !== 'lo');
+    t.is(links.length, 1, `a link again: ${links}`);
+    t.regex((await sb.exec(['cat', '/proc/meminfo'])).stdout, /^MemTotal/, 'its /proc files through the old lxcfs');
+  }
+  // Once the last of them is gone, so is everything of the old node's.
+  for (const sb of sbs) await sb.kill();
   t.deepEqual(await claimsOf(first.id), []);
-  for (const i of claims) t.false(await linkExists(i), `pdk${i} removed`);
-  t.false(await tableExists(first.id));
-  // And networking works again.
+  let gone = false;
+  for (let i = 0; i < 100 && !gone; i++) {
+    gone = !(await alive(lxcfsPid));
+    if (!gone) await new Promise((r) => setTimeout(r, 100));
+  }
+  t.true(gone, 'the old lxcfs ended with the last sandbox that used it');
+  // And networking works as before.
   const sb = await c.pdk.sandboxes.create({ network: { allow: ['198.18.0.1/32:443'] } });
   t.is((await claimsOf(first.id)).length, 1);
   await sb.kill();
