@@ -53,7 +53,7 @@ const NODE_CREATE_TIMEOUT_MS = 120_000;
 const ANSWER_MARGIN_MS = 1000;
 /** Pause and resume of 3,200 sandboxes take ~1 s; killing as many takes minutes (crun delete each). */
 const GROUP_TIMEOUT_MS = 600_000;
-/** A node silent this long (and ten heartbeats) is lost: its sandboxes are marked failed, `node_lost`. */
+/** A node silent this long (and ten heartbeats) is lost: its sandboxes are marked failed, `node_lost` (PlacementOptions.lostAfterMs). */
 const LOST_AFTER_MS = 15_000;
 /** How long a silent node has to answer a ping before it is found lost. */
 const LOST_PING_MS = 5000;
@@ -99,10 +99,16 @@ interface Waiting {
   reject: (e: Error) => void;
 }
 
-export interface WaitOptions {
+export interface PlacementOptions {
   /** Default of a create's `waitForCapacityMs`. */
   ms: number;
   maxWaiting: number;
+  /**
+   * How long a node may be silent (and ten of its heartbeats) before its sandboxes are marked
+   * `node_lost` (LOST_AFTER_MS when absent). A restarted node takes up its sandboxes only while
+   * their records are live: a host whose nodes take longer to come back raises it.
+   */
+  lostAfterMs?: number;
 }
 
 export class PlacementHost {
@@ -129,7 +135,7 @@ export class PlacementHost {
     private readonly nodes: KV,
     private readonly log: Logger,
     inspect?: Inspector,
-    private readonly wait: WaitOptions = { ms: 30_000, maxWaiting: 10_000 },
+    private readonly wait: PlacementOptions = { ms: 30_000, maxWaiting: 10_000 },
     /** The node this replica runs beside, asked in-process whether it would refuse a create. */
     private readonly local?: { id: string; refusalFor(spec: SandboxSpec): string | undefined },
     /** The connection JetStream is read over, when not `nc` (a node's: see NodeProcess). */
@@ -513,7 +519,7 @@ export class PlacementHost {
   private async sweepLost(): Promise<void> {
     const now = Date.now();
     for (const r of Object.values(this.actor.getSnapshot().context.nodes)) {
-      if (r.lostAt !== undefined || now - r.ts < Math.max(LOST_AFTER_MS, 10 * r.heartbeatMs)) continue;
+      if (r.lostAt !== undefined || now - r.ts < Math.max(this.wait.lostAfterMs ?? LOST_AFTER_MS, 10 * r.heartbeatMs)) continue;
       const rev = this.revisions.get(r.node);
       if (rev === undefined) continue;
       // Silence in the table is not death: a node whose heartbeat writes time out behind a flood of

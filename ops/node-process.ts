@@ -148,7 +148,7 @@ export class NodeProcess {
     this.host = host;
     await host.start();
     if (cfg.placement) {
-      this.placement = new PlacementHost(nc, nodes, log.child({ part: 'placement' }), inspect, cfg.waitForCapacity, { id: cfg.nodeId, refusalFor: (spec) => host.refusalFor(spec) }, store);
+      this.placement = new PlacementHost(nc, nodes, log.child({ part: 'placement' }), inspect, { ...cfg.waitForCapacity, ...(cfg.nodeLostMs ? { lostAfterMs: cfg.nodeLostMs } : {}) }, { id: cfg.nodeId, refusalFor: (spec) => host.refusalFor(spec) }, store);
       await this.placement.start();
     }
     if (this.o.metrics !== false) this.metrics = await startNodeMetrics({ nc, nodes, nodeId: cfg.nodeId, nodeDir: cfg.nodeDir, log });

@@ -8,7 +8,7 @@
 import { connect } from '@nats-io/transport-node';
 import type { Logger } from 'pino';
 import { transitionInspector } from '../actors/inspect.ts';
-import { PlacementHost, type WaitOptions } from '../actors/placement-host.ts';
+import { PlacementHost, type PlacementOptions } from '../actors/placement-host.ts';
 import { natsServers } from '../protocol/discovery.ts';
 import { Buckets, ensureBucket, type FewerReplicas, fewerReplicasWarning, replicasFor } from '../protocol/index.ts';
 
@@ -16,7 +16,7 @@ export interface PlacementProcess {
   stop(): Promise<void>;
 }
 
-export async function startPlacement(o: { natsUrl: string; log: Logger; wait?: WaitOptions; name?: string }): Promise<PlacementProcess> {
+export async function startPlacement(o: { natsUrl: string; log: Logger; wait?: PlacementOptions; name?: string }): Promise<PlacementProcess> {
   const nc = await connect({ servers: natsServers(o.natsUrl), name: o.name ?? 'paddock-placement', maxReconnectAttempts: -1, reconnectTimeWait: 500, noAsyncTraces: true });
   try {
     const replicas = replicasFor(nc.info);

@@ -57,6 +57,12 @@ test('config: PADDOCK_BIN_DIR must be an absolute path outside /proc, /sys and /
   for (const dir of ['/proc/1/bin', '/sys', '//dev/shm/bin']) t.throws(() => loadConfig({ PADDOCK_BIN_DIR: dir }), { message: /not be under \/proc, \/sys or \/dev/ });
 });
 
+test('config: how long placement waits on a silent node before it marks its sandboxes node_lost', (t) => {
+  t.is(loadConfig({}).nodeLostMs, undefined, "placement's own default");
+  t.is(loadConfig({ PADDOCK_NODE_LOST_MS: '120000' }).nodeLostMs, 120_000);
+  for (const bad of ['0', '-5', 'soon']) t.throws(() => loadConfig({ PADDOCK_NODE_LOST_MS: bad }), { message: /PADDOCK_NODE_LOST_MS/ });
+});
+
 test('verdicts: a limit says why; a killed sandbox is KILLED even though its torn-down layer reads as full', (t) => {
   const quiet = { pidsMax: 0, oomKills: 0 };
   const failed = { exitCode: 1, timedOut: false, truncated: false };

@@ -51,7 +51,8 @@ export async function placementCmd(a: Args): Promise<number> {
   const { startPlacement } = await import('../placement-process.ts');
   const { loadConfig } = await import('../../runtime/config.ts');
   const log = createLogger('paddock-placement');
-  const p = await startPlacement({ natsUrl, log, wait: loadConfig().waitForCapacity });
+  const cfg = loadConfig();
+  const p = await startPlacement({ natsUrl, log, wait: { ...cfg.waitForCapacity, ...(cfg.nodeLostMs ? { lostAfterMs: cfg.nodeLostMs } : {}) } });
   log.info({ nats: natsUrl }, 'placement ready');
   return new Promise<number>((resolve) => {
     let stopping = false;
