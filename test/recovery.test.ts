@@ -70,7 +70,7 @@ test('a node killed with SIGKILL takes up its running containers when it starts 
     const info = (await pdk.sandboxes.get(s.id)).info;
     t.is(info.state, 'running');
     t.is(info.createdAt, s.info.createdAt);
-    t.deepEqual((await cgroupPids(first.id, s.id)).sort(), [...(pidsOf[i] ?? [])].sort());
+    t.deepEqual((await cgroupPids(first.id, s.id)).sort((a, b) => a - b), [...(pidsOf[i] ?? [])].sort((a, b) => a - b));
     t.is((await s.exec(['echo', 'still here'])).stdout, 'still here\n');
   }
   t.is((await run('crun', ['--root', crunRoot, 'list', '-q'])).stdout.trim().split('\n').sort().join(' '), kept.map((s) => s.id).sort().join(' '));
