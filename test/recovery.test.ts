@@ -35,7 +35,7 @@ async function cgroupPids(node: string, id: string): Promise<number[]> {
     .map((s) => Number(s));
 }
 
-test('a node killed with SIGKILL takes up its running containers when it starts again; one whose init died meanwhile is removed', async (t) => {
+test('a node killed with SIGKILL takes up its running containers when it starts again, and again after a second crash; one whose init died meanwhile is removed', async (t) => {
   const c = await startTestCluster({ env: { PADDOCK_PLACEMENT: '1' } });
   t.teardown(() => stopTestCluster(c));
   const { pdk, cluster, home } = c;
@@ -80,6 +80,18 @@ test('a node killed with SIGKILL takes up its running containers when it starts 
   const info = (await pdk.sandboxes.get(lost.id)).info;
   t.is(info.state, 'failed');
   t.is(info.reason, 'node_restarted');
+  // A second crash: they are taken up again (their lxcfs and layer daemon are still the first
+  // node's), and a snapshot reaches the writable layer through the init's hold.
+  await kept[0]!.files.write('/tmp/mark', 'twice');
+  again.proc.kill('SIGKILL');
+  await again.exited;
+  const third = await restartNode({ cluster, home }, first.id);
+  cluster.nodes[0] = third;
+  t.true(pidsOf.slice(0, 2).flat().every(alive), 'the kept sandboxes ran through a second restart');
+  t.is((await kept[0]!.exec(['cat', '/tmp/mark'])).stdout, 'twice');
+  t.regex((await kept[1]!.exec(['head', '-1', '/proc/meminfo'])).stdout, /^MemTotal/);
+  const snap = await kept[0]!.snapshot();
+  await pdk.snapshots.delete(snap.id);
   // Killing a taken-up sandbox leaves nothing of it.
   for (const s of kept) t.is((await s.kill()).state, 'stopped');
   t.deepEqual(await survivors(pidsOf.flat()), []);
