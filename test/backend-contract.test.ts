@@ -199,6 +199,8 @@ test.serial('recovery after a crash: containers and VMs are taken up where they 
   // In a session of its own: an exec's end takes its process group with it.
   const sleeper = container ? (await container.exec(['sh', '-c', 'setsid sleep 100000 >/dev/null 2>&1 </dev/null & echo $!'])).stdout.trim() : undefined;
   if (container && sleeper) t.is((await container.exec(['cat', `/proc/${sleeper}/comm`])).stdout.trim(), 'sleep', 'running before the crash');
+  // A process the node runs for the caller (its output relayed by the node) does not outlive it.
+  const relayed = container ? await container.processes.start(['sleep', '100001']) : undefined;
   for (const sb of asleep) t.is((await sb.hibernate()).state, 'hibernated');
   for (const sb of halfway) void sb.hibernate().catch(() => {});
   await new Promise((r) => setTimeout(r, 300));
@@ -240,6 +242,7 @@ test.serial('recovery after a crash: containers and VMs are taken up where they 
   if (container && sleeper) {
     t.regex(sleeper, /^\d+$/);
     t.is((await container.exec(['cat', `/proc/${sleeper}/comm`])).stdout.trim(), 'sleep', 'its background process ran through the crash');
+    t.is((await container.exec(['sh', '-c', 'ps -o args | grep -c "^sleep 100001"'])).stdout, '0\n', `the relayed process ${relayed?.pid} was ended at the take-up`);
     // A taken-up container works as any: files, pause and resume, and an end that is seen.
     await container.files.write('/tmp/after', 'written');
     t.is((await container.exec(['cat', '/tmp/after'])).stdout, 'written');

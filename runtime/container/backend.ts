@@ -780,6 +780,7 @@ export class ContainerBackend implements Backend, Snapshotting, SnapshotStore, P
     if (statSync(`/proc/${rec.pid}/fd/${INIT_DISK_FD}/upper`, { throwIfNoEntry: false })?.isDirectory()) proc.disk = { pid: rec.pid, fd: INIT_DISK_FD };
     this.byInit.set(rec.pid, id);
     this.adoptedInits.set(rec.pid, rec.start);
+    await this.endRelayed(id);
     const path = this.cgroupPath(id);
     const frozen = await this.sleeper.isFrozen(path);
     if (!frozen) this.sleeper.started(path);
@@ -787,6 +788,24 @@ export class ContainerBackend implements Backend, Snapshotting, SnapshotStore, P
     if (rec.network) await this.setNetwork(id, rec.network);
     this.keptList.push({ id, spec: rec.spec, state: frozen ? 'frozen' : 'running' });
     return true;
+  }
+
+  /**
+   * Ends the execs and processes the previous run was running in sandbox `id` (their pid files are
+   * left in its bundle), with their trees. Their output had no reader left, so each would end at
+   * its next write anyway (SIGPIPE); and a command whose caller saw it fail must not go on changing
+   * the sandbox unseen. What those commands started in sessions of their own runs on.
+   */
+  private async endRelayed(id: string): Promise<void> {
+    const dir = this.dir(id);
+    for (const f of await readdir(dir).catch(() => [] as string[])) {
+      const m = /^((?:exec|proc)-\d+)\.pid$/.exec(f);
+      if (!m) continue;
+      const pid = Number.parseInt(readText(join(dir, f)) ?? '', 10);
+      // Still that process: in the sandbox's cgroup (a pid the host gave to another is not).
+      if (pid > 1 && (readText(`/proc/${pid}/cgroup`) ?? '').includes(`:${this.cgroupPath(id)}\n`)) await killTree(pid);
+      for (const left of [f, `${f}.json`, `${f}.stdin`, `${m[1]}.in`]) await rm(join(dir, left), { force: true });
+    }
   }
 
   /** Looks for taken-up inits that ended, every ADOPTED_WATCH_MS, until none is left. */
