@@ -387,8 +387,14 @@ export class SandboxHost {
     if (state === 'failed') this.log.warn({ state, from, reason, error }, `sandbox ${state}`);
     else this.log.info({ state, from, ...(reason ? { reason } : {}), ...(ctx.sleepReason && state !== 'running' ? { sleepReason: ctx.sleepReason } : {}) }, `sandbox ${state}`);
     const record = encode(this.info);
-    this.publishEvent(record);
-    if (!(this.claimed && PASSING_STATES.has(state))) this.published = this.published.then(() => this.write(record));
+    // The end goes out once the directory says so: a caller that reads the record on the event
+    // reads the end, not the last live state (passing states are not written, so that was often
+    // `running`). Other events go first, for their latency.
+    if (isFinal(state)) this.published = this.published.then(() => this.write(record)).then(() => this.publishEvent(record));
+    else {
+      this.publishEvent(record);
+      if (!(this.claimed && PASSING_STATES.has(state))) this.published = this.published.then(() => this.write(record));
+    }
     for (const w of this.waiters.splice(0)) {
       if (w.states.includes(state)) w.resolve(state);
       else this.waiters.push(w);
