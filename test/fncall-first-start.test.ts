@@ -48,7 +48,12 @@ test('a fresh node makes its FnCall images in the background; until then fn call
   t.is(out, '42\n');
   t.log(`${refusals.length} refusal(s) while the images were made; the first: ${refusals[0] ?? '-'}`);
   for (const m of refusals) t.regex(m, /still making \(its first start\): about \d+ s left|FnCall is starting/);
-  const log = await readFile(cluster.nodes[0]!.logFile!, 'utf8');
+  // The images are made one after the other: gcc's may still be under way once python answers.
+  let log = '';
+  for (let i = 0; i < 600 && !log.includes(`"msg":"FnCall: the 'gcc' image is ready`); i++) {
+    if (i > 0) await new Promise((r) => setTimeout(r, 200));
+    log = await readFile(cluster.nodes[0]!.logFile!, 'utf8');
+  }
   t.regex(log, /"msg":"FnCall: the 'python' image is ready/);
   t.regex(log, /"msg":"FnCall: the 'gcc' image is ready/);
   t.notRegex(log, /could not start a pool member/, 'a missing image is no warning with a stack per retry');

@@ -113,8 +113,8 @@ export class ContainerBackend implements Backend, Snapshotting, SnapshotStore, P
   /** Sandboxes of a previous run taken up by recover, for the node (kept). */
   private readonly keptList: KeptSandbox[] = [];
   /**
-   * Inits of taken-up sandboxes, by host pid, with their start time: the spawner is not their
-   * parent (the one that was died with the node), so their end is seen by looking (watchAdopted).
+   * Inits of taken-up sandboxes, by host pid, with their start time: their parent, the old node's
+   * spawner, died with it, so their end is seen by looking (watchAdopted).
    */
   private readonly adoptedInits = new Map<number, string>();
   private adoptWatch?: NodeJS.Timeout;
