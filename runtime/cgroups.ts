@@ -22,7 +22,8 @@ export function mounts(mountinfo = readFileSync('/proc/self/mountinfo', 'utf8'))
     const [pre, post] = line.split(' - ');
     const target = pre?.split(' ')[4];
     const fstype = post?.split(' ')[0];
-    if (target && fstype) out.push({ target: target.replace(/\\040/g, ' '), fstype });
+    // The kernel escapes space, tab, newline and backslash in paths as octal.
+    if (target && fstype) out.push({ target: target.replace(/\\([0-7]{3})/g, (_, o: string) => String.fromCharCode(Number.parseInt(o, 8))), fstype });
   }
   return out;
 }

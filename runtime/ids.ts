@@ -70,18 +70,7 @@ export class IdRanges {
     const k = (r.hostId - SANDBOX_IDS.hostId) / SIZE;
     if (!Number.isInteger(k) || k < 0 || k >= BLOCKS * BLOCK || r.size !== SIZE) return false;
     const b = Math.floor(k / BLOCK);
-    if (!this.blocks.has(b)) {
-      if (this.closed) return false;
-      mkdirSync(ID_LOCK_DIR, { recursive: true, mode: 0o700 });
-      const holder = await lock(join(ID_LOCK_DIR, String(b)));
-      if (!holder) return false;
-      if (this.blocks.has(b)) holder.kill('SIGKILL');
-      else {
-        this.holders.push(holder);
-        this.blocks.add(b);
-        for (let i = b * BLOCK; i < (b + 1) * BLOCK; i++) this.free.push(i);
-      }
-    }
+    if (!this.blocks.has(b) && !(await this.hold(b))) return false;
     const at = this.free.indexOf(k);
     if (at < 0) return false;
     this.free.splice(at, 1);
@@ -108,23 +97,31 @@ export class IdRanges {
     this.free.length = 0;
   }
 
+  /**
+   * Takes block `b`'s lock and its ranges. false when another node holds it, or when this one
+   * closed (or took it another way) while the lock was being taken: that lock is let go again.
+   */
+  private async hold(b: number): Promise<boolean> {
+    mkdirSync(ID_LOCK_DIR, { recursive: true, mode: 0o700 });
+    const holder = await lock(join(ID_LOCK_DIR, String(b)));
+    if (!holder) return false;
+    if (this.closed || this.blocks.has(b)) {
+      holder.kill('SIGKILL');
+      return !this.closed && this.blocks.has(b);
+    }
+    this.holders.push(holder);
+    this.blocks.add(b);
+    for (let k = b * BLOCK; k < (b + 1) * BLOCK; k++) this.free.push(k);
+    return true;
+  }
+
   /** Claims the first free block, starting from one that depends on this process (nodes started together rarely collide). */
   private async claim(): Promise<void> {
-    mkdirSync(ID_LOCK_DIR, { recursive: true, mode: 0o700 });
     const start = process.pid % BLOCKS;
     for (let i = 0; i < BLOCKS; i++) {
       const b = (start + i) % BLOCKS;
       if (this.blocks.has(b)) continue;
-      const holder = await lock(join(ID_LOCK_DIR, String(b)));
-      if (!holder) continue;
-      if (this.closed) {
-        holder.kill('SIGKILL');
-        return;
-      }
-      this.holders.push(holder);
-      this.blocks.add(b);
-      for (let k = b * BLOCK; k < (b + 1) * BLOCK; k++) this.free.push(k);
-      return;
+      if ((await this.hold(b)) || this.closed) return;
     }
     throw new ProtocolError('NO_CAPACITY', `no range of host uids left on this host: all ${BLOCKS} blocks of ${BLOCK} are held by its nodes`);
   }

@@ -13,3 +13,16 @@ export function readText(path: string): string | undefined {
     return undefined;
   }
 }
+
+/**
+ * Fields of /proc/<pid>/stat: its state letter (3), parent (4), process group (5) and start time in
+ * clock ticks since boot (22: with the pid, what names one process for good). undefined once it is gone.
+ */
+export function procStat(pid: number): { state: string; ppid: number; pgid: number; start: string } | undefined {
+  const text = readText(`/proc/${pid}/stat`);
+  if (!text) return undefined;
+  // Its name (field 2) may hold spaces and parentheses: the fields after it follow the last ')'.
+  const f = text.slice(text.lastIndexOf(')') + 2).split(' ');
+  const [state, start] = [f[0], f[19]];
+  return state && start ? { state, ppid: Number(f[1]), pgid: Number(f[2]), start } : undefined;
+}

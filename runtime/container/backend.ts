@@ -40,7 +40,7 @@ import { run } from '../proc.ts';
 import { sourceFile } from '../source.ts';
 import { type MountPlan, resolveProgram, Spawner } from '../spawner.ts';
 import { buildStaticBinary } from '../static-binary.ts';
-import { readText } from '../sync-read.ts';
+import { procStat, readText } from '../sync-read.ts';
 import { CgroupPool } from './cgroup-pool.ts';
 import { execInContainer, killTree, nsPid, OutputBudget, signalGroup } from './exec.ts';
 import { Hardening } from './hardening.ts';
@@ -1017,17 +1017,6 @@ function readAdoptRecord(dir: string): AdoptRecord | undefined {
   } catch {
     return undefined;
   }
-}
-
-/** A process's state letter and start time (fields 3 and 22 of /proc/<pid>/stat), or undefined when it is gone. */
-function procStat(pid: number): { state: string; start: string } | undefined {
-  const text = readText(`/proc/${pid}/stat`);
-  if (!text) return undefined;
-  // Its name (field 2) may hold spaces and parentheses: the fields after it follow the last ')'.
-  const rest = text.slice(text.lastIndexOf(')') + 2).split(' ');
-  const state = rest[0];
-  const start = rest[19];
-  return state && start ? { state, start } : undefined;
 }
 
 /** The fd at which a sandbox's init holds its disk (spawner.c pass_disk). */

@@ -11,6 +11,7 @@ import { constants } from 'node:os';
 import type { ExecOptions, ExecOutcome } from '../backend.ts';
 import { ByteBudget } from '../limit.ts';
 import type { Spawner } from '../spawner.ts';
+import { procStat } from '../sync-read.ts';
 
 /** strerror(ENOSPC), as glibc, musl and busybox print it. */
 const ENOSPC_TEXT = 'No space left on device';
@@ -22,14 +23,6 @@ async function readPid(pidFile: string): Promise<number | null> {
   const text = await readFile(pidFile, 'utf8').catch(() => '');
   const pid = Number.parseInt(text.trim(), 10);
   return Number.isInteger(pid) && pid > 1 ? pid : null;
-}
-
-async function statOf(pid: number): Promise<{ ppid: number; pgid: number } | null> {
-  const s = await readFile(`/proc/${pid}/stat`, 'utf8').catch(() => null);
-  if (!s) return null;
-  // The command name may contain spaces and parentheses: fields start after the last ')'.
-  const f = s.slice(s.lastIndexOf(')') + 2).split(' ');
-  return { ppid: Number(f[1]), pgid: Number(f[2]) };
 }
 
 async function descendants(pid: number, into: Set<number>): Promise<void> {
@@ -56,7 +49,7 @@ function kill(pid: number): void {
 
 /** Kills the process `pid` started and everything it forked. */
 export async function killTree(pid: number): Promise<void> {
-  const st = await statOf(pid);
+  const st = procStat(pid);
   // Its group first, in one syscall: a fork bomb cannot outrun it.
   if (st && st.pgid > 1) kill(-st.pgid);
   const tree = new Set<number>();

@@ -94,10 +94,6 @@ export class LayerCache {
     this.o.storeUrl = url;
   }
 
-  get storeUrl(): string {
-    return this.o.storeUrl;
-  }
-
   /** Picks up what a previous run of this node left in the cache directory. */
   async init(): Promise<void> {
     await mkdir(this.o.dir, { recursive: true });

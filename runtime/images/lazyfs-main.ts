@@ -13,6 +13,7 @@ import { mkdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { LayerLoadMode } from '../../protocol/index.ts';
 import { CacheFullError, type CacheLayerRef, LayerCache, STORE_URL_FILE } from './cache.ts';
+import { mounts } from '../cgroups.ts';
 import { FuseServer } from './fuse.ts';
 
 export interface LayerDaemonConfig {
@@ -25,7 +26,7 @@ export interface LayerDaemonConfig {
   /** The kernel's read-ahead on the lazy files, bytes (undefined: its own default). */
   readaheadBytes?: number;
   /** The node's directory: what the node mounted under it is detached when the node dies. */
-  nodeDir?: string;
+  nodeDir: string;
 }
 
 export type LayerDaemonRequest =
@@ -53,20 +54,12 @@ function send(m: LayerDaemonMessage): void {
 const ORPHAN_RETRY_MS = 1000;
 const ORPHAN_RETRIES = 30;
 
-/**
- * Mount points under `dir` in this process's mount namespace (the node's, which it shares), deepest
- * first. mountinfo escapes spaces and the like as octal.
- */
-async function mountsUnder(dir: string): Promise<string[]> {
-  const text = await readFile('/proc/self/mountinfo', 'utf8').catch(() => '');
-  const out = new Set<string>();
-  for (const line of text.split('\n')) {
-    const at = line.split(' ')[4];
-    if (!at) continue;
-    const path = at.replace(/\\([0-7]{3})/g, (_, o: string) => String.fromCharCode(Number.parseInt(o, 8)));
-    if (path === dir || path.startsWith(`${dir}/`)) out.add(path);
-  }
-  return [...out].sort((a, b) => b.length - a.length);
+/** Mount points under `dir` in this process's mount namespace (the node's, which it shares), deepest first. */
+function mountsUnder(dir: string): string[] {
+  const under = mounts()
+    .map((m) => m.target)
+    .filter((t) => t === dir || t.startsWith(`${dir}/`));
+  return [...new Set(under)].sort((a, b) => b.length - a.length);
 }
 
 async function umount(target: string): Promise<void> {
@@ -108,7 +101,7 @@ async function main(): Promise<void> {
           } catch (err) {
             // The node that served the embedded store died with it: the next one serves it at the
             // address it writes down. Until then the reader waits rather than get EIO.
-            if (!orphaned || !cfg.nodeDir || i >= ORPHAN_RETRIES) throw err;
+            if (!orphaned || i >= ORPHAN_RETRIES) throw err;
             await new Promise((r) => setTimeout(r, ORPHAN_RETRY_MS));
             const url = (await readFile(join(cfg.nodeDir, STORE_URL_FILE), 'utf8').catch(() => '')).trim();
             if (url) cache.setStoreUrl(url);
@@ -149,8 +142,7 @@ async function main(): Promise<void> {
     if (closeAsked) return void shutdown();
     orphaned = true;
     void (async () => {
-      const dir = cfg.nodeDir;
-      for (const m of dir ? await mountsUnder(dir) : [cfg.mountpoint]) await umount(m);
+      for (const m of mountsUnder(cfg.nodeDir)) await umount(m);
       if (fs.ended) void shutdown();
     })();
   });

@@ -6,22 +6,14 @@
  * it can name used to be waited out for ten minutes per image, which is how one killed node
  * stretched a test run past its limit.
  */
-import { readFileSync } from 'node:fs';
 import { link, mkdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { dirname } from 'node:path';
+import { procStat } from '../sync-read.ts';
 
 const POLL_MS = 250;
 
-/** The start time of `pid` in clock ticks since boot (field 22 of /proc/<pid>/stat), or undefined if it is gone. */
-function startTime(pid: number): string | undefined {
-  try {
-    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
-    // The command name (field 2) may hold spaces and parentheses: count from the last ')'.
-    return stat.slice(stat.lastIndexOf(')') + 2).split(' ')[19];
-  } catch {
-    return undefined;
-  }
-}
+/** The start time of `pid` in clock ticks since boot, or undefined if it is gone. */
+const startTime = (pid: number): string | undefined => procStat(pid)?.start;
 
 const self = `${process.pid} ${startTime(process.pid) ?? ''}`;
 
