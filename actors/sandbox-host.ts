@@ -75,10 +75,9 @@ export interface SandboxHostDeps {
   snapshots?: SandboxSnapshots;
   /**
    * A sandbox of the node's previous run that its backend kept and this run takes up: it keeps its
-   * record's times, starts where the backend kept it (`as`, hibernated when absent), and its create
-   * is nothing more.
+   * record's times, starts where the backend kept it (`as`), and its create is nothing more.
    */
-  adopt?: { createdAt: number; expiresAt: number; as?: AdoptedState; sleepReason?: string };
+  adopt?: { createdAt: number; expiresAt: number; as: AdoptedState; sleepReason?: string };
 }
 
 /** What the `snapshot` and `fork` verbs ask of the node that holds the sandbox. */
@@ -229,7 +228,7 @@ export class SandboxHost {
     if (spec.group) this.info.group = spec.group;
     if (spec.idleTimeoutSec !== undefined) this.info.idleTimeoutSec = spec.idleTimeoutSec;
     this.actor = createActor(SandboxHost.machine, {
-      input: { id, ttlMs: Math.max(0, expiresAt - now), idleAction: spec.idleAction, ...(spec.idleTimeoutSec !== undefined ? { idleMs: spec.idleTimeoutSec * 1000 } : {}), ...(deps.adopt ? { adopted: deps.adopt.as ?? 'hibernated', ...(deps.adopt.sleepReason ? { sleepReason: deps.adopt.sleepReason } : {}) } : {}) },
+      input: { id, ttlMs: Math.max(0, expiresAt - now), idleAction: spec.idleAction, ...(spec.idleTimeoutSec !== undefined ? { idleMs: spec.idleTimeoutSec * 1000 } : {}), ...(deps.adopt ? { adopted: deps.adopt.as, ...(deps.adopt.sleepReason ? { sleepReason: deps.adopt.sleepReason } : {}) } : {}) },
       ...(deps.clock ? { clock: deps.clock } : {}),
       ...(deps.inspect ? { inspect: deps.inspect } : {}),
     });
@@ -264,7 +263,7 @@ export class SandboxHost {
       this.sub = serve(this.deps.nc, subjects.sandboxAll(this.id), { log: this.deps.log, nodeId: this.deps.nodeId }, (req) => this.handle(req));
       this.publishEvent();
       this.actor.start();
-      await this.until([this.deps.adopt?.as ?? (this.deps.adopt ? 'hibernated' : 'running'), 'stopped', 'failed']);
+      await this.until([this.deps.adopt?.as ?? 'running', 'stopped', 'failed']);
       await this.published;
       if (!this.claimed && !this.duplicateOf && (this.state === 'running' || this.state === 'paused' || this.state === 'hibernated')) {
         // Not in the directory, no one could find it, and another node may yet take its id: a
