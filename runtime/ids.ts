@@ -38,7 +38,7 @@ const LAST_ID = 0xffff_fffe;
 const RANGES = Math.floor((LAST_ID + 1 - SANDBOX_IDS.hostId) / SIZE);
 const BLOCK = Number(process.env.PADDOCK_ID_BLOCK) || 256;
 const BLOCKS = Math.floor(RANGES / BLOCK);
-/** On the host's /run: every node of the host must see the same files (not the node's private run tmpfs). */
+/** On the host's /run: every node of the host must see the same files (not one node's run directory). */
 export const ID_LOCK_DIR = process.env.PADDOCK_ID_LOCK_DIR ?? '/run/paddock/id-blocks';
 
 export class IdRanges {

@@ -48,8 +48,8 @@ export async function stopTestCluster(c: ClusterContext | undefined): Promise<vo
 }
 
 /**
- * A path in a node's runtime state (its bundles and crun's state): a tmpfs in the node's own mount
- * namespace, so seen from here through the node's /proc/<pid>/root.
+ * A path in a node's runtime state (its bundles and crun's state), seen through the node's
+ * /proc/<pid>/root: `<node>/run` links to a directory on /dev/shm (container/backend.ts hostRunDir).
  */
 export function nodeRunPath(home: string, node: { id: string; proc: { pid?: number } }, ...parts: string[]): string {
   return `/proc/${node.proc.pid}/root${join(home, 'nodes', node.id, 'run', ...parts)}`;
