@@ -16,7 +16,7 @@
  *   request: u32 length (little-endian), then that many bytes of NUL-terminated strings:
  *     <seq> run <flags> <stdin path|""> <stdout path|""> <stderr path|"">
  *                 [<disk> <tmpfs opts> <uid> <overlay opts> <rootfs> <id count> <mq bytes> <sigpending>
- *                  <n> <layer...>]
+ *                  <ucounts> <n> <layer...>]
  *                 <argc> <argv...> <envc> <env...>
  *       flags: i = SCHED_IDLE, 3 = keep fd 3 (the sandbox init, given at start with argument
  *       "fd3"), m = own mount namespace and the bracketed mount arguments, c = capture stderr,
@@ -40,7 +40,7 @@
  * End of file on stdin ends this process; commands still running go on. It is their subreaper
  * (see main) and reaps every process that ends under it.
  *
- * argv[0] "@charge" or "@ucounts" runs no program: see charge() and ucounts().
+ * argv[0] "@charge" runs no program: see charge().
  *
  * Arguments: "fd3" (see above), and "seal=<path>": the program at <path> (crun) is copied once
  * into a sealed memfd, and a request whose argv[0] is <path> executes that copy. crun, like runc,
@@ -151,6 +151,7 @@ struct run {
   const char *disk, *opts, *ovl, *rootfs;
   unsigned uid, idsize;
   unsigned long mq, sigpending;
+  const char *ucounts; /* "<name>=<value>,...": the namespace's /proc/sys/user limits ("" none) */
   int nlowers;
   char **lowers;
   char **argv, **envp;
@@ -211,12 +212,59 @@ static void take_disks(void) {
 }
 
 /*
+ * A proc of the calling process's own, on /proc of a mount namespace of its own (the caller is the
+ * throwaway child of sandbox_userns): every user namespace has its own /proc/sys/user entries, and
+ * in one proc instance their dentries share a parent and a name, so a lookup compares every live
+ * sandbox's (proc_sys_compare). With the node's /proc that was 12% of the host's CPU at 2,000 live
+ * sandboxes (perf). A new proc mount is a new instance (Linux 5.8+): its dentries are this
+ * namespace's alone, and go with this process.
+ */
+static int own_proc(void) {
+  if (unshare(CLONE_NEWNS) < 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0) return -1;
+  return mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
+}
+
+/*
+ * Sets the calling process's user namespace's limits in /proc/sys/user, from "<name>=<value>,...".
+ * The kernel looks them up by the writer's user namespace, and lets its owner (the caller, who
+ * made it) write them, not the sandbox's root. Done by the namespace's maker before crun joins it,
+ * so no process of the sandbox ever runs without them, and with no process of its own to start.
+ * On failure `why` says which, after a '0'.
+ */
+static void ucount_limits(const char *list, char *why, size_t size) {
+  for (const char *p = list; *p;) {
+    const char *end = strchr(p, ',');
+    size_t len = end ? (size_t)(end - p) : strlen(p);
+    const char *eq = memchr(p, '=', len);
+    if (!eq || eq == p || memchr(p, '/', len)) {
+      snprintf(why, size, "0bad limit %.*s", (int)len, p);
+      return;
+    }
+    char path[128];
+    snprintf(path, sizeof path, "/proc/sys/user/%.*s", (int)(eq - p), p);
+    int s = open(path, O_WRONLY | O_CLOEXEC);
+    if (s < 0 && errno == ENOENT) { /* a counter this kernel does not have */
+    } else {
+      ssize_t want = (ssize_t)(len - (size_t)(eq + 1 - p));
+      if (s < 0 || write(s, eq + 1, (size_t)want) != want) {
+        snprintf(why, size, "0write %s: %s", path, strerror(errno));
+        if (s >= 0) close(s);
+        return;
+      }
+      close(s);
+    }
+    p = end ? end + 1 : p + len;
+  }
+}
+
+/*
  * The sandbox's user namespace, mapping 0..size-1 to its host ids uid.., made here and owned by
  * uid, not by root: the kernel charges a namespace's pending signals, message-queue bytes and
  * inotify instances to its owner in the parent namespace too, so with crun making it (as root),
  * every sandbox's charges summed up on host root. Owned by the sandbox's own host uid, they sum
  * up there alone, bounded by the rlimits its creator had (r->mq, r->sigpending). Made by a child
- * that waits in it while root writes its maps, then is killed; the namespace lives on in a bind
+ * that sets its /proc/sys/user limits (ucount_limits), then waits in it while root writes its
+ * maps, then is killed; the namespace lives on in a bind
  * mount of it at <disk>/userns (this mount namespace only, which crun inherits and joins it
  * from: config.json names that path). Returns an fd of it, for the layers' id maps.
  */
@@ -227,18 +275,22 @@ static int sandbox_userns(int errw, const struct run *r) {
   if (pid < 0) fail(errw, 125, "fork");
   if (pid == 0) {
     struct rlimit mq = {r->mq, r->mq}, sp = {r->sigpending, r->sigpending};
-    int ok = (r->mq == 0 || setrlimit(RLIMIT_MSGQUEUE, &mq) == 0) && (r->sigpending == 0 || setrlimit(RLIMIT_SIGPENDING, &sp) == 0) &&
+    /* The proc for ucount_limits is mounted while this child is still root on the host. */
+    int ok = (!*r->ucounts || own_proc() == 0) && (r->mq == 0 || setrlimit(RLIMIT_MSGQUEUE, &mq) == 0) && (r->sigpending == 0 || setrlimit(RLIMIT_SIGPENDING, &sp) == 0) &&
              setgroups(0, NULL) == 0 && setresgid(r->uid, r->uid, r->uid) == 0 && setresuid(r->uid, r->uid, r->uid) == 0 && unshare(CLONE_NEWUSER) == 0;
-    char c = ok ? '1' : '0';
-    if (write(ready[1], &c, 1) != 1) _exit(1);
+    char why[160] = "1";
+    if (!ok) snprintf(why, sizeof why, "0%s", strerror(errno));
+    else ucount_limits(r->ucounts, why, sizeof why);
+    if (write(ready[1], why, strlen(why)) < 1) _exit(1);
     for (;;) pause();
   }
   close(ready[1]);
-  char c = 0;
-  if (read(ready[0], &c, 1) != 1 || c != '1') {
+  char why[160] = {0};
+  ssize_t got = read(ready[0], why, sizeof why - 1);
+  if (got < 1 || why[0] != '1') {
     kill(pid, SIGKILL);
     waitpid(pid, NULL, 0);
-    fail(errw, 125, "a user namespace owned by %u", r->uid);
+    fail(errw, 125, "a user namespace owned by %u: %s", r->uid, got > 1 ? why + 1 : "its maker failed");
   }
   close(ready[0]);
   char path[64], map[64];
@@ -361,41 +413,6 @@ static void __attribute__((noreturn)) charge(int errw, const struct run *r) {
   _exit(0);
 }
 
-/*
- * `@ucounts <pid> <name>=<value>...`, run in place of a program: joins the user namespace of
- * <pid> (a sandbox's init) and sets its per-namespace limits in /proc/sys/user (the kernel looks
- * them up by the writer's user namespace; its owner may write them, the sandbox's root may not).
- *
- * Through a proc of its own, mounted in a mount namespace of its own: every user namespace has its
- * own /proc/sys/user entries, and in one proc instance their dentries share a parent and a name, so
- * a lookup compares every live sandbox's (proc_sys_compare). With the node's /proc that was 12% of
- * the host's CPU at 2,000 live sandboxes (perf). A new proc mount is a new instance (Linux 5.8+):
- * its dentries are this namespace's alone, and go with this process.
- */
-static void __attribute__((noreturn)) ucounts(int errw, const struct run *r) {
-  if (!r->argv[1]) fail(errw, 125, "@ucounts: a pid");
-  char ns[64];
-  snprintf(ns, sizeof ns, "/proc/%s/ns/user", r->argv[1]);
-  int fd = open(ns, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail(errw, 125, "open %s", ns);
-  if (unshare(CLONE_NEWNS) < 0) fail(errw, 125, "unshare mount namespace");
-  if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0) fail(errw, 125, "make / private");
-  if (mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0) fail(errw, 125, "mount proc");
-  if (setns(fd, CLONE_NEWUSER) < 0) fail(errw, 125, "join %s", ns);
-  close(fd);
-  for (int i = 2; r->argv[i]; i++) {
-    const char *eq = strchr(r->argv[i], '=');
-    if (!eq || eq == r->argv[i] || strchr(r->argv[i], '/')) fail(errw, 125, "@ucounts: %s", r->argv[i]);
-    char path[128];
-    snprintf(path, sizeof path, "/proc/sys/user/%.*s", (int)(eq - r->argv[i]), r->argv[i]);
-    int s = open(path, O_WRONLY | O_CLOEXEC);
-    if (s < 0 && errno == ENOENT) continue; /* a counter this kernel does not have */
-    if (s < 0 || write(s, eq + 1, strlen(eq + 1)) < 0) fail(errw, 125, "write %s", path);
-    close(s);
-  }
-  _exit(0);
-}
-
 static void onto(int errw, int fd, int target) {
   if (dup2(fd, target) < 0) fail(errw, 125, "dup2 %d", target);
   close(fd);
@@ -415,7 +432,6 @@ static void __attribute__((noreturn)) child(const struct run *r, int errw, int c
   else redirect(errw, 2, r->err, O_WRONLY | O_CREAT | O_TRUNC);
   if (!(have_fd3 && strchr(r->flags, '3'))) close(3);
   if (strcmp(r->argv[0], "@charge") == 0) charge(errw, r);
-  if (strcmp(r->argv[0], "@ucounts") == 0) ucounts(errw, r);
   if (strchr(r->flags, 'i')) {
     struct sched_param p = {0};
     if (sched_setscheduler(0, SCHED_IDLE, &p) < 0) fail(errw, 125, "SCHED_IDLE");
@@ -627,15 +643,16 @@ static void request(char *frame, size_t len) {
     r.ovl = s[i + 3];
     r.rootfs = s[i + 4];
     i += 5;
-    if (n < i + 4) {
+    if (n < i + 5) {
       reply(seq, 'e', -1, bad, strlen(bad));
       return;
     }
     r.idsize = (unsigned)strtoul(s[i], NULL, 10);
     r.mq = strtoul(s[i + 1], NULL, 10);
     r.sigpending = strtoul(s[i + 2], NULL, 10);
-    r.nlowers = atoi(s[i + 3]);
-    i += 4;
+    r.ucounts = s[i + 3];
+    r.nlowers = atoi(s[i + 4]);
+    i += 5;
     if (r.nlowers < 0 || r.nlowers > 500 || n < i + r.nlowers || (r.nlowers > 0 && r.idsize == 0)) {
       reply(seq, 'e', -1, bad, strlen(bad));
       return;

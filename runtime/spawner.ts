@@ -34,6 +34,8 @@ export interface MountPlan {
   /** RLIMIT_MSGQUEUE and RLIMIT_SIGPENDING of the namespace's maker: they bound all of the sandbox's uids together (0: the node's own). */
   msgqueueBytes: number;
   sigpending: number;
+  /** The namespace's /proc/sys/user limits, set by its maker before crun joins it: `name=value,…` ("" none). */
+  ucounts: string;
   /** Read-only layers (top first), each seen at `<disk>/l<i>` through an idmapped clone; overlayOptions name them so. */
   layers: string[];
   overlayOptions: string;
@@ -162,7 +164,7 @@ export class Spawner {
     const flags = `${req.oomFirst ? 'o' : ''}${req.idle ? 'i' : ''}${req.passFd3 ? '3' : ''}${req.mounts ? 'm' : ''}${req.captureStderr ? 'c' : ''}${req.onOutput ? 'p' : ''}-`;
     const m = req.mounts;
     const env = req.env ? Object.entries(req.env).map(([k, v]) => `${k}=${v}`) : [];
-    const fields = [String(seq), 'run', flags, req.stdinFile ?? '', req.stdoutFile ?? '', req.stderrFile ?? '', ...(m ? [m.disk, m.tmpfsOptions, String(m.rootUid), m.overlayOptions, m.rootfs, String(m.idCount), String(m.msgqueueBytes), String(m.sigpending), String(m.layers.length), ...m.layers] : []), String(req.argv.length), ...req.argv, String(env.length), ...env];
+    const fields = [String(seq), 'run', flags, req.stdinFile ?? '', req.stdoutFile ?? '', req.stderrFile ?? '', ...(m ? [m.disk, m.tmpfsOptions, String(m.rootUid), m.overlayOptions, m.rootfs, String(m.idCount), String(m.msgqueueBytes), String(m.sigpending), m.ucounts, String(m.layers.length), ...m.layers] : []), String(req.argv.length), ...req.argv, String(env.length), ...env];
     let closed!: () => void;
     const closedP = new Promise<void>((r) => {
       closed = r;

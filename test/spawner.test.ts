@@ -113,11 +113,17 @@ test('its own mount namespace: the mounts are the command\'s alone, and a failed
   await mkdir(rootfs);
   await writeFile(join(lower, 'f'), 'from the layer');
   // The layer is seen through an idmapped clone (l0 in the disk): its root-owned file belongs to the range 12345…
-  const mounts = { disk: join(dir, 'disk'), tmpfsOptions: 'size=1m,mode=0700', rootUid: 12345, idCount: 65536, msgqueueBytes: 65536, sigpending: 1024, layers: [lower], overlayOptions: 'lowerdir=l0,upperdir=upper,workdir=work', rootfs };
-  const r = await s.run({ argv: ['sh', '-c', `cat ${rootfs}/f && stat -c '%u %g' ${join(dir, 'disk/upper')} ${rootfs}/f >&2 && grep -c ' - overlay .*lowerdir=l0,' /proc/self/mountinfo >&2 && grep -c '/disk/userns .* - nsfs ' /proc/self/mountinfo >&2`], mounts, captureStderr: true, stdoutFile: join(dir, 'out') });
+  // The namespace's maker sets its /proc/sys/user limits; one this kernel lacks is passed over.
+  const ucounts = 'max_inotify_instances=7,max_fanotify_groups=0,max_no_such_counter=1';
+  const mounts = { disk: join(dir, 'disk'), tmpfsOptions: 'size=1m,mode=0700', rootUid: 12345, idCount: 65536, msgqueueBytes: 65536, sigpending: 1024, ucounts, layers: [lower], overlayOptions: 'lowerdir=l0,upperdir=upper,workdir=work', rootfs };
+  const userns = join(dir, 'disk/userns');
+  const r = await s.run({ argv: ['sh', '-c', `cat ${rootfs}/f && stat -c '%u %g' ${join(dir, 'disk/upper')} ${rootfs}/f >&2 && grep -c ' - overlay .*lowerdir=l0,' /proc/self/mountinfo >&2 && grep -c '/disk/userns .* - nsfs ' /proc/self/mountinfo >&2 && nsenter --user=${userns} cat /proc/sys/user/max_inotify_instances >&2 && cat /proc/sys/user/max_inotify_instances >&2`], mounts, captureStderr: true, stdoutFile: join(dir, 'out') });
   t.is(r.code, 0, r.stderr);
   t.is(await readFile(join(dir, 'out'), 'utf8'), 'from the layer');
-  t.deepEqual(r.stderr.trim().split('\n'), ['12345 12345', '12345 12345', '1', '1']);
+  const hostInstances = (await readFile('/proc/sys/user/max_inotify_instances', 'utf8')).trim();
+  t.deepEqual(r.stderr.trim().split('\n'), ['12345 12345', '12345 12345', '1', '1', '7', hostInstances]);
+  // A limit that is not name=value fails the run, naming it, before the command starts.
+  await t.throwsAsync(s.run({ argv: ['true'], mounts: { ...mounts, disk: join(dir, 'disk2'), ucounts: 'max_inotify_instances' } }), { message: /bad limit max_inotify_instances/ });
   // An id map without a size, or a layer list that runs past the request, is refused whole.
   await t.throwsAsync(s.run({ argv: ['true'], mounts: { ...mounts, idCount: 0 } }), { message: /malformed request/ });
   // Nothing of it is in our namespace.

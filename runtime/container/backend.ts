@@ -283,7 +283,6 @@ export class ContainerBackend implements Backend, Snapshotting, SnapshotStore, P
       if (proc.pid === undefined) throw new ProtocolError('BACKEND_FAILED', 'crun run left no init pid');
       proc.root = this.holdRoot(id, proc.pid);
       this.byInit.set(proc.pid, id);
-      await this.limitUcounts(id, proc.pid);
       if (quota) await this.setCpuQuota(id, quota);
       // FnCall's members (`extra.oci`) are a pool of the node's own, made anew after a restart.
       if (!extra?.oci) this.writeAdoptRecord(id, { v: 1, spec, pid: proc.pid, start: procStat(proc.pid)?.start ?? '', ids, pins: this.hardening.pinsOf(id), env, idle: proc.idle, cwd: proc.cwd, process: proc.process, image });
@@ -295,19 +294,6 @@ export class ContainerBackend implements Backend, Snapshotting, SnapshotStore, P
       if (e instanceof ProtocolError && !store) throw e;
       throw new ProtocolError(e instanceof ProtocolError ? e.code : 'BACKEND_FAILED', `create ${id}: ${(e as Error).message}${store ? ` (layer store: ${store})` : ''}`, { cause: e });
     }
-  }
-
-  /**
-   * The sandbox's own share of the kernel's per-user counters (SANDBOX_UCOUNTS). What a sandbox
-   * takes is also charged to the owner of its user namespace on the host, against the host's
-   * per-user limits: when crun made the namespace that was root, and one sandbox holding 128
-   * inotify instances made host root's inotify_init fail with EMFILE, on every node of the host.
-   * The owner is now the sandbox's own host uid (spawner.c sandbox_userns), so those charges are
-   * its alone; these limits keep it well inside the host's defaults (128 instances per user).
-   */
-  private async limitUcounts(id: string, pid: number): Promise<void> {
-    const r = await this.spawner().run({ argv: ['@ucounts', String(pid), ...Object.entries(SANDBOX_UCOUNTS).map(([k, v]) => `${k}=${v}`)], captureStderr: true });
-    if (r.code !== 0) throw new ProtocolError('BACKEND_FAILED', `limits of sandbox ${id}'s user namespace: ${r.stderr.trim() || `exit ${r.code}`}`);
   }
 
   /**
@@ -1089,8 +1075,6 @@ function deferCpuQuota(config: Record<string, unknown>): CpuQuota | undefined {
 }
 
 /** Per-sandbox limits of its user namespace (/proc/sys/user). */
-const SANDBOX_UCOUNTS = { max_inotify_instances: 64, max_inotify_watches: 16384, max_fanotify_groups: 0, max_fanotify_marks: 0 };
-
 const ENOSPC = osConstants.errno.ENOSPC;
 const ENOMEM = osConstants.errno.ENOMEM;
 

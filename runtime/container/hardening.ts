@@ -26,6 +26,17 @@ import { run } from '../proc.ts';
 import type { MountPlan } from '../spawner.ts';
 import { SHARED_COUNTER_RLIMITS } from './oci.ts';
 
+/**
+ * The sandbox's own share of the kernel's per-user counters, in its user namespace's
+ * /proc/sys/user. What a sandbox takes is also charged to the owner of its user namespace on the
+ * host, against the host's per-user limits: when crun made the namespace that was root, and one
+ * sandbox holding 128 inotify instances made host root's inotify_init fail with EMFILE, on every
+ * node of the host. The owner is now the sandbox's own host uid (spawner.c sandbox_userns, which
+ * also sets these), so those charges are its alone; these limits keep it well inside the host's
+ * defaults (128 instances per user).
+ */
+const SANDBOX_UCOUNTS = { max_inotify_instances: 64, max_inotify_watches: 16384, max_fanotify_groups: 0, max_fanotify_marks: 0 };
+
 /** CPUs lxcfs may use, all sandboxes' /proc reads together (boundLxcfs). */
 const LXCFS_CPU = Number(process.env.PADDOCK_LXCFS_CPU) || 0.5;
 
@@ -79,6 +90,9 @@ export class Hardening {
       idCount: ids.size,
       msgqueueBytes: SHARED_COUNTER_RLIMITS.find((l) => l.type === 'RLIMIT_MSGQUEUE')?.hard ?? 0,
       sigpending: SHARED_COUNTER_RLIMITS.find((l) => l.type === 'RLIMIT_SIGPENDING')?.hard ?? 0,
+      ucounts: Object.entries(SANDBOX_UCOUNTS)
+        .map(([k, v]) => `${k}=${v}`)
+        .join(','),
       layers: lowers,
       // Relative to the disk, where the spawner mounts the overlay from (its idmapped clones of the
       // layers are l0, l1, …): mountinfo inside shows them as written, naming no node path.
