@@ -70,6 +70,21 @@ export interface ExecResult {
   replayed?: boolean;
 }
 
+/**
+ * An output event whose \`text\` is decoded when read: many consumers of a stream want the bytes
+ * alone (the gateway, a file, a hash), and decoding every chunk for them was about 6% of the
+ * gateway's CPU while it streamed (a CPU profile).
+ */
+function outputEvent(type: 'stdout' | 'stderr', data: Uint8Array): ExecStreamEvent {
+  return {
+    type,
+    data,
+    get text() {
+      return utf8.decode(data);
+    },
+  };
+}
+
 export type ExecStreamEvent =
   | { type: 'stdout' | 'stderr'; data: Uint8Array; text: string }
   /** Output lost for good: the stream resumed after an outage longer than the node keeps output for. */
@@ -381,7 +396,7 @@ export class Sandbox {
           case 'out':
           case 'err':
             offset += ev.d.length;
-            yield { type: ev.t === 'out' ? 'stdout' : 'stderr', data: ev.d, text: utf8.decode(ev.d) };
+            yield outputEvent(ev.t === 'out' ? 'stdout' : 'stderr', ev.d);
             break;
           case 'gap':
             offset += ev.bytes;

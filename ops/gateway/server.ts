@@ -15,7 +15,7 @@ import { GatewayError, httpError, sendError } from './errors.ts';
 import { type GatewayMetrics, gatewayMetrics } from './metrics.ts';
 import { openApiDocument } from './openapi.ts';
 import { type Route, Routes } from './routes.ts';
-import { SseWriter } from './sse.ts';
+import { JsonText, SseWriter } from './sse.ts';
 
 export interface GatewayOptions {
   pdk: Paddock;
@@ -117,6 +117,17 @@ function parseRange(h: string | undefined, size: number): { start: number; end: 
   }
   if (start >= size || start > end) return 'unsatisfiable';
   return { start, end };
+}
+
+/**
+ * Sends what each stream's text held back (the start of a character cut off by its end or by a
+ * gap: it reads as U+FFFD), so that no byte goes unsaid.
+ */
+async function endText(sse: SseWriter, text: Record<'stdout' | 'stderr', JsonText>): Promise<void> {
+  for (const k of ['stdout', 'stderr'] as const) {
+    const t = text[k].end();
+    if (t) await sse.text(k, t);
+  }
 }
 
 /** A Server-Sent Events stream, counted against its caller's bound and ended when the peer goes. */
@@ -247,8 +258,9 @@ function handlers(o: GatewayContext): Record<string, Handler> {
       if (!(req.headers.accept ?? '').includes('text/event-stream')) return sb.exec(cmd, opts);
       const base64 = str(req.query, 'encoding') === 'base64';
       await stream(o, req, reply, 'exec', async (sse, signal) => {
-        const text = { stdout: new TextDecoder(), stderr: new TextDecoder() };
+        const text = { stdout: new JsonText(), stderr: new JsonText() };
         for await (const ev of sb.execStream(cmd, { ...opts, signal })) {
+          if (ev.type === 'exit' || ev.type === 'gap') await endText(sse, text);
           if (ev.type === 'exit') {
             const { type: _, ...rest } = ev;
             await sse.event('exit', rest);
@@ -259,9 +271,8 @@ function handlers(o: GatewayContext): Record<string, Handler> {
             await sse.event('gap', { events: ev.events, bytes: ev.bytes });
             continue;
           }
-          // A streaming decoder per stream keeps a character split across two chunks whole.
-          const data = base64 ? { data: Buffer.from(ev.data).toString('base64') } : { text: text[ev.type].decode(ev.data, { stream: true }) };
-          await sse.event(ev.type, data);
+          if (base64) await sse.event(ev.type, { data: Buffer.from(ev.data).toString('base64') });
+          else await sse.text(ev.type, text[ev.type].next(ev.data));
         }
       });
       return reply;
@@ -309,8 +320,9 @@ function handlers(o: GatewayContext): Record<string, Handler> {
       const follow = str(q, 'follow') !== '0' && str(q, 'follow') !== 'false';
       const base64 = str(q, 'encoding') === 'base64';
       await stream(o, req, reply, 'process', async (sse, signal) => {
-        const text = { stdout: new TextDecoder(), stderr: new TextDecoder() };
+        const text = { stdout: new JsonText(), stderr: new JsonText() };
         for await (const ev of p.output({ from, follow, signal })) {
+          if (ev.type === 'exit' || ev.type === 'gap') await endText(sse, text);
           if (ev.type === 'exit') {
             const { type: _, ...rest } = ev;
             await sse.event('exit', rest);
@@ -320,8 +332,10 @@ function handlers(o: GatewayContext): Record<string, Handler> {
             await sse.event('gap', { stream: ev.stream, offset: ev.offset, bytes: ev.bytes });
             continue;
           }
-          await sse.event(ev.type, { ...(base64 ? { data: Buffer.from(ev.data).toString('base64') } : { text: text[ev.type].decode(ev.data, { stream: true }) }), offset: ev.offset });
+          if (base64) await sse.event(ev.type, { data: Buffer.from(ev.data).toString('base64'), offset: ev.offset });
+          else await sse.text(ev.type, text[ev.type].next(ev.data), ev.offset);
         }
+        await endText(sse, text);
         if (!follow) await sse.event('end', {});
       });
       return reply;
