@@ -37,8 +37,6 @@ declare module 'fastify' {
 
 type Req = FastifyRequest<{ Params: Record<string, string>; Querystring: Record<string, string | string[] | undefined>; Body: unknown }>;
 
-const utf8 = new TextDecoder();
-
 function str(q: Req['query'], k: string): string | undefined {
   const v = q[k];
   return Array.isArray(v) ? v[v.length - 1] : v;
