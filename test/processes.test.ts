@@ -105,6 +105,41 @@ test('the buffer keeps the newest bytes: a reader who comes late is told how man
   t.is(r.verdict, 'OK');
 });
 
+test('a follower that stops reading holds a bounded queue: what the node dropped meanwhile comes as a gap, and the offsets add up', async (t) => {
+  const sb = await t.context.pdk.sandboxes.create({});
+  t.teardown(() => sb.kill());
+  // Faster than anyone reads: the node's output budget (16 MiB/s after a burst) is all that holds it.
+  const p = await sb.processes.start(['yes', '0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ']);
+  t.teardown(() => p.kill().catch(() => {}));
+  let next = 0;
+  let stalled = false;
+  let gap: ProcessOutputEvent | undefined;
+  let after = 0;
+  for await (const ev of p.output({ from: 0 })) {
+    if (ev.type === 'exit') return t.fail('yes ended');
+    if (ev.type === 'gap') {
+      t.is(ev.offset, next, 'a gap starts where the output taken ends');
+      next = ev.offset + ev.bytes;
+      // (A gap before the stall is output made before the reader first asked.)
+      if (stalled) gap ??= ev;
+      continue;
+    }
+    if (ev.type !== 'stdout') continue;
+    t.is(ev.offset, next, 'each chunk starts where the last ended');
+    next = ev.offset + ev.data.length;
+    if (!stalled) {
+      // Not read for 3 s: ~64 MiB arrive, against a queue bound of 8 MiB and a node buffer of 1 MiB.
+      stalled = true;
+      await new Promise((r) => setTimeout(r, 3000));
+    }
+    if (gap && (after += ev.data.length) > 256 * 1024) break;
+    // Without a bound the whole backlog is queued here, and no gap ever comes.
+    if (next > 48 * 1024 * 1024) break;
+  }
+  t.truthy(gap, 'the reader fell behind and was told what it missed, instead of holding it all');
+  t.true((gap as { bytes: number }).bytes > 8 * 1024 * 1024, `the gap: ${JSON.stringify(gap)}`);
+});
+
 test('a sandbox runs at most 64 processes at once: the next is PIDS_LIMIT', async (t) => {
   const sb = await t.context.pdk.sandboxes.create({ memoryMiB: 512 });
   t.teardown(() => sb.kill());
