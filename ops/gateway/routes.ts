@@ -177,7 +177,7 @@ export const Routes: Route[] = [
     operationId: 'events',
     method: 'GET',
     path: '/v1/events',
-    summary: 'Lifecycle events as Server-Sent Events (`event: sandbox`, the record after each transition), filtered',
+    summary: 'Lifecycle events as Server-Sent Events (`event: sandbox`, the record after each transition), filtered; `event: gap` (`{events}`) counts events a slow reader missed',
     tag: 'events',
     params: [
       { name: 'id', in: 'query', description: 'one sandbox only' },

@@ -15,13 +15,15 @@ import { GatewayError, httpError, sendError } from './errors.ts';
 import { type GatewayMetrics, gatewayMetrics } from './metrics.ts';
 import { openApiDocument } from './openapi.ts';
 import { type Route, Routes } from './routes.ts';
-import { JsonText, SseWriter } from './sse.ts';
+import { Backlog, JsonText, SseWriter } from './sse.ts';
 
 export interface GatewayOptions {
   pdk: Paddock;
   keys: KeySet;
   /** Server-Sent Event streams open at once per key (or per loopback without keys). */
   maxStreamsPerKey?: number;
+  /** Lifecycle events an /v1/events stream holds for a reader that has not taken them (default 10,000); past it they are counted and said as one `gap`. */
+  eventsBacklog?: number;
   /** Largest JSON body (an exec's stdin counts). */
   bodyLimit?: number;
   /** Largest request head, in bytes. */
@@ -160,6 +162,7 @@ interface GatewayContext {
   pdk: Paddock;
   streams: Map<string, number>;
   maxStreams: number;
+  eventsBacklog: number;
   metrics: GatewayMetrics;
 }
 
@@ -521,7 +524,8 @@ function handlers(o: GatewayContext): Record<string, Handler> {
       const nc = connectionOf(pdk);
       // Subscribed at the server before the response starts: a client that acts once it has the
       // headers (creates a sandbox, say) must see every event that follows.
-      const sub = nc.subscribe(subjects.events(id === undefined ? '*' : token(id, 'id')));
+      const backlog = new Backlog<Uint8Array>(o.eventsBacklog);
+      const sub = nc.subscribe(subjects.events(id === undefined ? '*' : token(id, 'id')), { callback: (_err, m) => backlog.push(m.data) });
       try {
         await nc.flush();
       } catch (err) {
@@ -530,15 +534,26 @@ function handlers(o: GatewayContext): Record<string, Handler> {
       }
       // A stream refused (too many open) still drops the subscription: the finally below.
       await stream(o, req, reply, 'events', async (sse, signal) => {
-        signal.addEventListener('abort', () => sub.unsubscribe(), { once: true });
+        const stop = () => {
+          sub.unsubscribe();
+          backlog.close();
+        };
+        signal.addEventListener('abort', stop, { once: true });
         // Comments keep proxies and idle timers from closing a quiet stream.
         const ping = setInterval(() => void sse.comment('ping').catch(() => {}), 15_000);
         await sse.comment('subscribed');
         try {
-          for await (const m of sub) {
+          for (;;) {
+            const next = await backlog.take();
+            if (next === undefined) return;
+            if ('dropped' in next) {
+              // Events the reader was too slow for: said, never silent; records can be read again.
+              await sse.event('gap', { events: next.dropped });
+              continue;
+            }
             let rec: SandboxInfo;
             try {
-              rec = decode(m.data) as SandboxInfo;
+              rec = decode(next.item) as SandboxInfo;
             } catch {
               continue;
             }
@@ -550,6 +565,7 @@ function handlers(o: GatewayContext): Record<string, Handler> {
           }
         } finally {
           clearInterval(ping);
+          stop();
         }
       }).finally(() => sub.unsubscribe());
       return reply;
@@ -568,7 +584,7 @@ export interface Gateway {
 
 export function buildGateway(opts: GatewayOptions): Gateway {
   const metrics = opts.metrics ?? gatewayMetrics();
-  const ctx: GatewayContext = { pdk: opts.pdk, streams: new Map(), maxStreams: opts.maxStreamsPerKey ?? 32, metrics };
+  const ctx: GatewayContext = { pdk: opts.pdk, streams: new Map(), maxStreams: opts.maxStreamsPerKey ?? 32, eventsBacklog: opts.eventsBacklog ?? 10_000, metrics };
   const maxHeaderSize = opts.maxHeaderSize ?? 16 * 1024;
   const app = Fastify({
     // Bounded heads and JSON bodies; file bodies (PUT .../files) stream past bodyLimit, see below.

@@ -84,3 +84,51 @@ export class SseWriter {
     return this.write(`: ${text}\n\n`);
   }
 }
+
+/**
+ * What a stream has received and its reader not yet taken, at most \`max\` items: past it the
+ * newest are counted, not kept, and the reader gets the count in their place, in order. A reader
+ * that stops reading (an HTTP client that keeps its connection open and reads nothing) otherwise
+ * made the gateway hold every message for as long as it stayed connected.
+ */
+export class Backlog<T> {
+  private readonly q: Array<{ item: T } | { dropped: number }> = [];
+  private kept = 0;
+  private wake: (() => void) | undefined;
+  private closed = false;
+
+  constructor(private readonly max: number) {}
+
+  push(item: T): void {
+    if (this.closed) return;
+    if (this.kept < this.max) {
+      this.q.push({ item });
+      this.kept++;
+    } else {
+      // Consecutive drops are one count: the queue grows by at most one entry per item kept.
+      const last = this.q[this.q.length - 1];
+      if (last && 'dropped' in last) last.dropped++;
+      else this.q.push({ dropped: 1 });
+    }
+    this.wake?.();
+  }
+
+  /** The next item or count of dropped items, waiting for one; undefined once closed. */
+  async take(): Promise<{ item: T } | { dropped: number } | undefined> {
+    while (this.q.length === 0) {
+      if (this.closed) return undefined;
+      await new Promise<void>((r) => {
+        this.wake = r;
+      });
+      this.wake = undefined;
+    }
+    const next = this.q.shift();
+    if (next && 'item' in next) this.kept--;
+    return next;
+  }
+
+  close(): void {
+    this.closed = true;
+    this.wake?.();
+  }
+}
