@@ -264,9 +264,9 @@ static void ucount_limits(const char *list, char *why, size_t size) {
  * every sandbox's charges summed up on host root. Owned by the sandbox's own host uid, they sum
  * up there alone, bounded by the rlimits its creator had (r->mq, r->sigpending). Made by a child
  * that sets its /proc/sys/user limits (ucount_limits), then waits in it while root writes its
- * maps, then is killed; the namespace lives on in a bind
- * mount of it at <disk>/userns (this mount namespace only, which crun inherits and joins it
- * from: config.json names that path). Returns an fd of it, for the layers' id maps.
+ * maps, then is killed; the namespace lives on in a bind mount of it at <disk>/userns (this mount
+ * namespace only, which crun inherits and joins it from: config.json names that path). Returns an
+ * fd of it, for the layers' id maps.
  */
 static int sandbox_userns(int errw, const struct run *r) {
   int ready[2];
