@@ -20,6 +20,10 @@ interface Conn {
   stream: Duplex;
   reply: string;
   lastAt: number;
+  /** Flow control (ports.connect's window): bytes sent, and the caller's last credit. */
+  window?: number;
+  sent: number;
+  credited: number;
 }
 
 export interface PortSessionsDeps {
@@ -42,8 +46,13 @@ export class PortSessions {
 
   constructor(private readonly d: PortSessionsDeps) {}
 
-  /** Opens a connection whose events go to `reply`: `open` first, then the server's bytes, then `end`. */
-  async connect(port: number, reply: string | undefined): Promise<void> {
+  /**
+   * Opens a connection whose events go to `reply`: `open` first, then the server's bytes, then
+   * `end`. With a `window`, the server is not read while that many bytes wait for the caller's
+   * credit: a caller that reads slowly (an HTTP client behind the gateway) holds the server back,
+   * as a slow TCP peer would, instead of having every byte pile up on its way to it.
+   */
+  async connect(port: number, reply: string | undefined, window?: number): Promise<void> {
     if (!reply) throw new ProtocolError('INVALID_REQUEST', 'ports.connect needs a reply subject (the inbox its events go to)');
     this.open();
     if (this.conns.size >= PORT_CONNECTIONS_MAX) throw new ProtocolError('NO_CAPACITY', `sandbox ${this.d.sandbox} has ${PORT_CONNECTIONS_MAX} port connections open: close one first`, { detail: { reason: 'port_connections', max: PORT_CONNECTIONS_MAX } });
@@ -53,7 +62,7 @@ export class PortSessions {
       throw new ProtocolError('INVALID_STATE', `sandbox ${this.d.sandbox} is ending`);
     }
     const connId = `p${++this.seq}${Math.random().toString(36).slice(2, 8)}`;
-    const conn: Conn = { stream, reply, lastAt: Date.now() };
+    const conn: Conn = { stream, reply, lastAt: Date.now(), ...(window ? { window } : {}), sent: 0, credited: 0 };
     this.conns.set(connId, conn);
     const send = (ev: PortEvent) => {
       try {
@@ -68,6 +77,8 @@ export class PortSessions {
     stream.on('data', (b: Buffer) => {
       conn.lastAt = Date.now();
       for (let i = 0; i < b.length; i += max) send({ t: 'd', d: b.subarray(i, i + max) });
+      conn.sent += b.length;
+      if (conn.window !== undefined && conn.sent - conn.credited >= conn.window) stream.pause();
     });
     let ended = false;
     const finish = (ev: PortEvent) => {
@@ -91,6 +102,16 @@ export class PortSessions {
       });
     }
     if (end) c.stream.end();
+    return {};
+  }
+
+  /** The caller has taken `received` bytes: the server is read again once less than a window waits. */
+  credit(connId: string, received: number): Record<string, never> {
+    const c = this.conns.get(connId);
+    if (!c || c.window === undefined) return {};
+    c.lastAt = Date.now();
+    c.credited = Math.max(c.credited, Math.min(received, c.sent));
+    if (c.stream.isPaused() && c.sent - c.credited < c.window) c.stream.resume();
     return {};
   }
 

@@ -755,7 +755,8 @@ const HANDLERS: Record<SandboxVerb, (h: SandboxHost, req: Request) => Promise<un
   snapshot: (h) => h.snapshots.snapshot(h),
   fork: (h, req) => h.snapshots.fork(h, validateSandboxRequest('fork', req.body)),
   'ports.connect': async (h, req) => {
-    await h.ports.connect(validateSandboxRequest('ports.connect', req.body).port, req.msg.reply);
+    const b = validateSandboxRequest('ports.connect', req.body);
+    await h.ports.connect(b.port, req.msg.reply, b.window);
     return STREAMED;
   },
   'ports.send': (h, req) => {
@@ -763,6 +764,10 @@ const HANDLERS: Record<SandboxVerb, (h: SandboxHost, req: Request) => Promise<un
     return h.ports.send(b.connId, b.d, b.end === true);
   },
   'ports.close': async (h, req) => h.ports.close(validateSandboxRequest('ports.close', req.body).connId),
+  'ports.credit': async (h, req) => {
+    const b = validateSandboxRequest('ports.credit', req.body);
+    return h.ports.credit(b.connId, b.received);
+  },
   'ports.url': (h, req) => h.ports.url(validateSandboxRequest('ports.url', req.body).port),
   'process.start': (h, req) => h.startProcess(req),
   'process.list': async (h) => ({ processes: h.processes.list() }),

@@ -67,6 +67,7 @@ export type {
   PortEvent,
   PortsCloseReply,
   PortsCloseRequest,
+  PortsCreditRequest,
   PortsConnectRequest,
   PortsSendRequest,
   PortsUrlReply,

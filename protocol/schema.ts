@@ -613,8 +613,27 @@ export type DisplayViewReply = Static<typeof DisplayViewReply>;
 
 const Port = Type.Integer({ minimum: 1, maximum: 65535, description: "a TCP port on the sandbox's loopback (127.0.0.1, else ::1)", errorMessage: 'must be an integer from 1 to 65535' });
 const ConnId = Token('the connection, as ports.connect named it');
-export const PortsConnectRequest = Type.Object({ port: Port }, { $id: 'PortsConnectRequest', additionalProperties: false });
+export const PortsConnectRequest = Type.Object(
+  {
+    port: Port,
+    window: Type.Optional(
+      Type.Integer({
+        minimum: 64 * 1024,
+        maximum: 64 * 1024 * 1024,
+        description: "flow control towards the caller: the node sends at most this many bytes past the caller's last ports.credit, then stops reading the server (which then waits, as on a slow TCP peer); absent: none",
+        errorMessage: 'must be an integer from 65536 to 67108864',
+      }),
+    ),
+  },
+  { $id: 'PortsConnectRequest', additionalProperties: false },
+);
 export type PortsConnectRequest = Static<typeof PortsConnectRequest>;
+/** Published (no reply) by a caller that asked for a \`window\`: it has taken this many of the connection's bytes so far. */
+export const PortsCreditRequest = Type.Object(
+  { connId: ConnId, received: Type.Integer({ minimum: 0, description: 'bytes of the connection the caller has taken, counted from its open' }) },
+  { $id: 'PortsCreditRequest', additionalProperties: false },
+);
+export type PortsCreditRequest = Static<typeof PortsCreditRequest>;
 /**
  * One message of a port connection, on the caller's inbox: `open` first (its connId for
  * ports.send and ports.close), then the bytes the server sends, then `end` (the server closed, or
@@ -1020,6 +1039,7 @@ export const NamedSchemas: Record<string, TSchema> = {
   PortsSendRequest,
   PortsCloseRequest,
   PortsCloseReply,
+  PortsCreditRequest,
   PortsUrlRequest,
   PortsUrlReply,
   CreateRequest,

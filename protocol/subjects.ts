@@ -164,6 +164,7 @@ const RESENDABLE = new Set([
   'display.screenshot',
   'display.view',
   'ports.close',
+  'ports.credit',
   'ports.url',
   'kill',
   'network.set',

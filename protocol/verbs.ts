@@ -68,6 +68,7 @@ export const SandboxVerbTable = {
   'ports.connect': { states: RUNNING, wakes: true, capability: 'ports', request: 'PortsConnectRequest', reply: 'PortEvent' },
   'ports.send': { states: RUNNING, wakes: true, capability: 'ports', request: 'PortsSendRequest', reply: 'Empty' },
   'ports.close': { states: [...LIVE, 'stopping'], wakes: false, capability: 'ports', request: 'PortsCloseRequest', reply: 'PortsCloseReply' },
+  'ports.credit': { states: [...LIVE, 'stopping'], wakes: false, capability: 'ports', request: 'PortsCreditRequest', reply: 'Empty' },
   'ports.url': { states: RUNNING, wakes: true, capability: 'ports', request: 'PortsUrlRequest', reply: 'PortsUrlReply' },
 } as const satisfies Record<string, VerbRow>;
 

@@ -15,9 +15,17 @@ export interface PortsHost {
   call<T>(verb: 'ports.send' | 'ports.close' | 'ports.url', body: unknown, opts?: CallOptions): Promise<T>;
   /** The NATS connection the events come on. */
   readonly nc: { subscribe(subject: string, opts: { callback: (err: unknown, m: Msg) => void }): { unsubscribe(): void }; publish(subject: string, data: Uint8Array, opts?: { reply?: string }): void };
+  /** Publishes a verb's request with no reply wanted (ports.credit). */
+  tell(verb: 'ports.credit', body: unknown): void;
 }
 
 const OPEN_TIMEOUT_MS = 10_000;
+/**
+ * Bytes the node may send past what this connection's reader has taken (ports.connect's window).
+ * Without it a reader slower than the server (an HTTP client behind the gateway) had every byte
+ * the server wrote held in its stream's buffer, however large the download.
+ */
+export const PORT_WINDOW_BYTES = 1024 * 1024;
 
 export class SandboxPorts {
   constructor(private readonly sb: PortsHost) {}
@@ -48,7 +56,7 @@ export class SandboxPorts {
             settle?.resolve(conn);
             return;
           case 'd':
-            conn?.push(Buffer.from(ev.d));
+            conn?.received(Buffer.from(ev.d));
             return;
           case 'end':
             conn?.push(null);
@@ -66,7 +74,7 @@ export class SandboxPorts {
         settle?.reject(e);
       }
     };
-    this.sb.nc.publish(subjects.sandbox(this.sb.id, 'ports.connect'), encode({ port }), { reply: inbox });
+    this.sb.nc.publish(subjects.sandbox(this.sb.id, 'ports.connect'), encode({ port, window: PORT_WINDOW_BYTES }), { reply: inbox });
     const ms = opts.timeoutMs ?? OPEN_TIMEOUT_MS;
     let timer: NodeJS.Timeout | undefined;
     const timeout = new Promise<never>((_, reject) => {
@@ -90,20 +98,43 @@ export class SandboxPorts {
 
 class PortConnection extends Duplex {
   private closedRemote = false;
+  /** Bytes received from the node, and the count last credited back to it. */
+  private got = 0;
+  private credited = 0;
 
   constructor(
     private readonly sb: PortsHost,
     readonly connId: string,
     private readonly unsubscribe: () => void,
   ) {
-    super();
+    // A window's worth may wait here for the reader: a smaller mark would credit in small steps.
+    // Not half-open: once the node says `end` the connection is gone there, writes and all.
+    super({ readableHighWaterMark: PORT_WINDOW_BYTES, allowHalfOpen: false });
     this.once('end', () => {
       this.closedRemote = true;
     });
   }
 
+  /** Bytes from the server: into the stream, credited at once while the reader keeps up. */
+  received(d: Buffer): void {
+    this.got += d.length;
+    if (this.push(d)) this.credit();
+  }
+
   override _read(): void {
-    // The node sends as the server does; there is nothing to ask for.
+    // The reader wants more: what it has taken is credited, and the node sends on.
+    this.credit();
+  }
+
+  /** Credits what was received, in steps of half a window (the node waits at a whole one). */
+  private credit(): void {
+    if (this.got - this.credited < PORT_WINDOW_BYTES / 2) return;
+    this.credited = this.got;
+    try {
+      this.sb.tell('ports.credit', { connId: this.connId, received: this.got });
+    } catch {
+      // NATS away: the next read credits again, and the node waits meanwhile.
+    }
   }
 
   override _write(chunk: Buffer, _enc: BufferEncoding, cb: (err?: Error | null) => void): void {

@@ -182,6 +182,7 @@ export class Sandbox {
       },
       nc: t.nc,
       call: (verb, body, opts) => sb.call(verb, body, opts),
+      tell: (verb, body) => t.nc.publish(subjects.sandbox(sb.id, verb), encode(body)),
     });
     this.processes = new SandboxProcesses(this);
     this.pty = new SandboxPty(this);

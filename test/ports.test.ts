@@ -7,24 +7,28 @@ import { randomBytes } from 'node:crypto';
 import { request } from 'node:http';
 import type { Duplex } from 'node:stream';
 import type { Sandbox } from '../sdk/index.ts';
+import { PORT_WINDOW_BYTES } from '../sdk/ports.ts';
 import { clusterTest } from './helpers/cluster.ts';
 import { eventually } from './helpers/wait.ts';
 
 const test = clusterTest();
 
 let sb: Sandbox;
+const BIG = 64 * 1024 * 1024;
 let ready: Promise<void> | undefined;
 
 /** The sandbox and its two servers, made once (the cluster exists by the time a test runs). */
 test.beforeEach((t) => {
   ready ??= (async () => {
     sb = await t.context.pdk.sandboxes.create({ labels: { t: 'ports' } });
-    const r = await sb.exec(['sh', '-c', 'mkdir -p /www && echo hello from inside > /www/index.html && httpd -p 127.0.0.1:8080 -h /www && (nc -ll -p 9000 -e /bin/cat </dev/null >/dev/null 2>&1 &) && echo started']);
+    // 8080: HTTP; 9000: echo; 9001: 64 MiB of zeros to each connection, then the time it finished writing.
+    await sb.files.write('/big.sh', `#!/bin/sh\nhead -c ${BIG} /dev/zero\ndate > /tmp/wrote\n`);
+    const r = await sb.exec(['sh', '-c', 'mkdir -p /www && echo hello from inside > /www/index.html && httpd -p 127.0.0.1:8080 -h /www && (nc -ll -p 9000 -e /bin/cat </dev/null >/dev/null 2>&1 &) && chmod +x /big.sh && (nc -ll -p 9001 -e /big.sh </dev/null >/dev/null 2>&1 &) && echo started']);
     if (r.stdout !== 'started\n') throw new Error(`servers: ${r.stderr}`);
-    // Servers start in the background: wait until both listen.
+    // Servers start in the background: wait until all listen.
     await eventually(async () => {
       const out = (await sb.exec(['netstat', '-ltn'])).stdout;
-      return out.includes(':9000') && out.includes(':8080');
+      return out.includes(':9000') && out.includes(':8080') && out.includes(':9001');
     });
   })();
   return ready;
@@ -80,6 +84,20 @@ test.serial('raw bytes both ways: 3 MiB through an echo server come back intact;
   const got = await back;
   t.is(got.length, data.length);
   t.true(got.equals(data));
+});
+
+test.serial('a reader that waits holds the server back: at most a window waits for it, and every byte arrives once it reads', async (t) => {
+  const conn = await sb.ports.connect(9001);
+  t.teardown(() => conn.destroy());
+  await sb.exec(['rm', '-f', '/tmp/wrote']);
+  // Not read for 3 s: the server could write all 64 MiB meanwhile, were it not held.
+  await new Promise((r) => setTimeout(r, 3000));
+  t.true(conn.readableLength <= 2 * PORT_WINDOW_BYTES, `${conn.readableLength} bytes wait in the stream`);
+  t.is((await sb.exec(['cat', '/tmp/wrote'])).exitCode, 1, 'the server has not finished writing');
+  const all = await readAll(conn);
+  t.is(all.length, BIG);
+  t.true(all.every((b) => b === 0));
+  await eventually(async () => (await sb.exec(['cat', '/tmp/wrote'])).exitCode === 0);
 });
 
 test.serial('errors: nothing listening is NOT_FOUND (over NATS and for a URL), a bad port INVALID_REQUEST', async (t) => {

@@ -845,7 +845,28 @@ export class ContainerBackend implements Backend, Snapshotting, SnapshotStore, P
       throw new ProtocolError('BACKEND_FAILED', `connect to port ${port} in sandbox ${id}: ${said.replace(/^error /, '')}`);
     }
     child.stderr.resume();
-    const stream = Duplex.from({ readable: child.stdout, writable: child.stdin });
+    // Not Duplex.from: it reads the end of the writable side (the process's stdin, closed when the
+    // process exits) before the readable's as a premature close, and destroyed a connection whose
+    // server had finished while its last bytes still waited for a slow reader.
+    const out = child.stdout;
+    const inp = child.stdin;
+    const stream = new Duplex({
+      read() {
+        out.resume();
+      },
+      write(chunk: Buffer, _enc, cb) {
+        inp.write(chunk, (err) => cb(err ?? null));
+      },
+      final(cb) {
+        inp.end(() => cb());
+      },
+    });
+    out.on('data', (d: Buffer) => {
+      if (!stream.push(d)) out.pause();
+    });
+    out.once('end', () => stream.push(null));
+    // A write after the process ended fails through its callback; the event needs a listener.
+    inp.on('error', () => {});
     // Destroying it mid-way emits AbortError: an 'error' nobody listened for would end the node.
     stream.on('error', (err) => this.opts.log?.debug({ err, sandbox: id, port }, 'port connection ended with an error'));
     // The process is the connection: closing the stream ends it, and once it has ended (the server
