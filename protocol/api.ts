@@ -310,7 +310,7 @@ export const Operations: Operation[] = [
     reply: 'PortEvent',
     replyNote: "to the reply inbox: `{t:'open', connId}`, then `{t:'d', d}` with the bytes the server sends, then `{t:'end'}` (or `{t:'error'}`); a refusal is a `{ok:false}` reply (NOT_FOUND: nothing listens). The sandbox needs no network: the node connects inside its namespace",
     errors: [...sbErrors, 'NO_CAPACITY', 'BACKEND_FAILED'],
-    limits: "64 open connections per sandbox (NO_CAPACITY); closed after 10 min without traffic and when the sandbox ends; with `window`, the node sends at most that many bytes past the caller's last `ports.credit {connId, received}` (published, no reply) and stops reading the server until the next: the SDK asks for 1 MiB and credits as its reader takes the bytes",
+    limits: "containers; 64 open connections per sandbox (NO_CAPACITY); closed after 10 min without traffic and when the sandbox ends; with `window`, the node sends at most that many bytes past the caller's last `ports.credit {connId, received}` (published, no reply) and stops reading the server until the next: the SDK asks for 1 MiB and credits as its reader takes the bytes",
     timeout: '10 s for `open`',
     retry: 'each call opens a connection: after a lost `open`, nothing holds it and it closes when idle',
   },
