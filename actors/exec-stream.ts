@@ -6,6 +6,7 @@
  * event saying how many events and bytes were lost, never as silence.
  */
 import type { ExecEvent } from '../protocol/index.ts';
+import type { OutputFlow } from '../runtime/backend.ts';
 
 /** Output kept per running stream: at 64 KiB chunks, the last eight of them. */
 export const STREAM_BUFFER_BYTES = 512 * 1024;
@@ -26,13 +27,16 @@ function sizeOf(ev: ExecEvent): number {
   return 'd' in ev ? ev.d.length : 0;
 }
 
-export class ExecStream {
+export class ExecStream implements OutputFlow {
   private next = 0;
+  /** Output bytes the caller has taken (exec.credit, or a resume's offset), with a window. */
+  private credited = 0;
+  private waiting: Array<() => void> = [];
   /** Output bytes sent so far. */
   private offset = 0;
   /** Recent events, oldest first, each with the output offset it starts at. */
-  private readonly held: Array<{ ev: Numbered; at: number }> = [];
-  private heldBytes = 0;
+  private readonly kept: Array<{ ev: Numbered; at: number }> = [];
+  private keptBytes = 0;
   /** Output not sent yet: one stream's, sent at the end of this turn of the event loop. */
   private pending: { t: 'out' | 'err'; parts: Uint8Array[]; bytes: number } | undefined;
   private flushQueued = false;
@@ -41,7 +45,32 @@ export class ExecStream {
   constructor(
     private readonly send: (ev: ExecEvent) => void,
     private readonly maxBytes = STREAM_BUFFER_BYTES,
+    /** The caller's window (ExecRequest.window): absent, nothing is ever held. */
+    private readonly window?: number,
   ) {}
+
+  /** More than a window of output is out past the caller's last credit: the command should wait. */
+  held(): boolean {
+    if (this.window === undefined || this.done) return false;
+    return this.offset + (this.pending?.bytes ?? 0) - this.credited >= this.window;
+  }
+
+  whenOpen(cb: () => void): void {
+    if (!this.held()) cb();
+    else this.waiting.push(cb);
+  }
+
+  /** The caller has taken `received` output bytes (never more than were sent). */
+  credit(received: number): void {
+    this.credited = Math.max(this.credited, Math.min(received, this.offset));
+    if (!this.held()) this.open();
+  }
+
+  private open(): void {
+    const w = this.waiting;
+    this.waiting = [];
+    for (const cb of w) cb();
+  }
 
   /** Output of the command: joined with what else came in this turn, up to STREAM_CHUNK_BYTES. */
   output(t: 'out' | 'err', d: Uint8Array): void {
@@ -78,15 +107,18 @@ export class ExecStream {
   private send1(event: Unnumbered, send = true): void {
     const ev = { ...event, s: this.next++ } as Numbered;
     const size = sizeOf(ev);
-    this.held.push({ ev, at: this.offset });
+    this.kept.push({ ev, at: this.offset });
     this.offset += size;
-    this.heldBytes += size;
+    this.keptBytes += size;
     // The newest event stays whatever its size: the end of a stream must always be resendable.
-    while (this.heldBytes > this.maxBytes && this.held.length > 1) {
-      const old = this.held.shift();
-      if (old) this.heldBytes -= sizeOf(old.ev);
+    while (this.keptBytes > this.maxBytes && this.kept.length > 1) {
+      const old = this.kept.shift();
+      if (old) this.keptBytes -= sizeOf(old.ev);
     }
-    if (ev.t === 'exit' || ev.t === 'error') this.done = true;
+    if (ev.t === 'exit' || ev.t === 'error') {
+      this.done = true;
+      this.open();
+    }
     if (send) this.send(ev);
   }
 
@@ -97,15 +129,17 @@ export class ExecStream {
    */
   resume(from: number, offset?: number): { resent: number; next: number; done: boolean } {
     this.flush(false);
+    // What the caller has is what it took, or more: a credit lost on the way is made good here.
+    if (offset !== undefined) this.credit(offset);
     let resent = 0;
-    const first = this.held[0];
+    const first = this.kept[0];
     const firstSeq = first ? first.ev.s : this.next;
     if (from < firstSeq) {
       const firstAt = first ? first.at : this.offset;
       this.send({ t: 'gap', s: from, n: firstSeq - from, bytes: Math.max(0, firstAt - (offset ?? 0)) });
       resent++;
     }
-    for (const h of this.held) {
+    for (const h of this.kept) {
       if (h.ev.s < from) continue;
       this.send(h.ev);
       resent++;

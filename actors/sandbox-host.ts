@@ -552,6 +552,12 @@ export class SandboxHost {
     return stream.resume(b.from, b.offset);
   }
 
+  /** @internal exec.credit: the caller of a streamed exec has taken `received` output bytes. */
+  creditExec(b: { execId: string; received: number }): Record<string, never> {
+    this.streams.get(b.execId)?.credit(b.received);
+    return {};
+  }
+
   /** @internal a files.write, through the command log when it carries a rollout step. */
   writeFile(body: { rolloutId?: string; step?: number }, w: { path: string; data: Uint8Array; offset?: number; mode?: number }, write: () => Promise<{ size: number }>) {
     const step = validateStep(body);
@@ -583,7 +589,7 @@ export class SandboxHost {
         } catch (err) {
           log.debug({ err, execId }, 'stream event not sent; kept for exec.resume');
         }
-      }, this.deps.streamBufferBytes);
+      }, this.deps.streamBufferBytes, r.window);
       this.streams.set(execId, stream);
       this.execs.set(execId, ctl);
       // The span lasts as long as the stream, not as long as the request that started it.
@@ -596,8 +602,8 @@ export class SandboxHost {
       // before streams its recorded output, marked replayed, and runs nothing.
       const ran: Promise<ExecResult> =
         step !== undefined
-          ? this.journal().exec({ ...step, sandbox: this.id }, r, async () => toResult(await this.startExec({ ...base, onOutput })))
-          : this.startExec({ ...base, discard: true, onOutput }).then(toResult);
+          ? this.journal().exec({ ...step, sandbox: this.id }, r, async () => toResult(await this.startExec({ ...base, onOutput, flow: stream })))
+          : this.startExec({ ...base, discard: true, onOutput, flow: stream }).then(toResult);
       void ran
         .then((o) => {
           if (o.replayed) {
@@ -710,6 +716,7 @@ const HANDLERS: Record<SandboxVerb, (h: SandboxHost, req: Request) => Promise<un
   exec: (h, req) => h.exec(req),
   'exec.cancel': async (h, req) => ({ cancelled: h.cancelExec(validateSandboxRequest('exec.cancel', req.body).execId) }),
   'exec.resume': async (h, req) => h.resumeExec(validateSandboxRequest('exec.resume', req.body)),
+  'exec.credit': async (h, req) => h.creditExec(validateSandboxRequest('exec.credit', req.body)),
   'files.read': async (h, req) => {
     const b = validateSandboxRequest('files.read', req.body);
     return h.backend.files(h.id).read(b.path, b.offset, b.length);

@@ -27,6 +27,7 @@ export type {
   ExecResult,
   ExecResumeReply,
   ExecResumeRequest,
+  ExecCreditRequest,
   ExecVerdict,
   FileChange,
   FileEntry,

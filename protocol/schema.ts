@@ -256,6 +256,14 @@ export const ExecRequest = Type.Object(
     maxOutputBytes: Type.Optional(Type.Integer({ ...range(Limits.exec.maxOutputBytes), description: 'cap on stdout and on stderr, each (default: the node’s, 1 MiB); past it the process tree is killed' })),
     stream: Type.Optional(Type.Boolean({ description: 'stream output to the reply inbox as `{t,d}` events ending with `exit`' })),
     execId: Type.Optional(Token('names a streamed exec so that `exec.cancel` can stop it')),
+    window: Type.Optional(
+      Type.Integer({
+        minimum: 64 * 1024,
+        maximum: 64 * 1024 * 1024,
+        description: "a streamed exec's flow control: the node sends at most this many output bytes past the caller's last exec.credit, then stops reading the command's output (which then waits on its pipe) until the next; absent: none",
+        errorMessage: 'must be an integer from 65536 to 67108864',
+      }),
+    ),
     ...RolloutStep,
   },
   { $id: 'ExecRequest' },
@@ -310,6 +318,12 @@ export const ExecResumeRequest = Type.Object(
   { $id: 'ExecResumeRequest' },
 );
 export type ExecResumeRequest = Static<typeof ExecResumeRequest>;
+/** Published (no reply) by the caller of a streamed exec with a \`window\`: it has taken this many output bytes so far. */
+export const ExecCreditRequest = Type.Object(
+  { execId: Token('the execId the streamed exec was started with'), received: Count('output bytes (stdout and stderr together) the caller has taken') },
+  { $id: 'ExecCreditRequest', additionalProperties: false },
+);
+export type ExecCreditRequest = Static<typeof ExecCreditRequest>;
 export const ExecResumeReply = Type.Object(
   {
     resent: Count('events sent again to the stream’s inbox (a gap counts as one)'),
@@ -1053,6 +1067,7 @@ export const NamedSchemas: Record<string, TSchema> = {
   ExecCancelRequest,
   ExecCancelReply,
   ExecResumeRequest,
+  ExecCreditRequest,
   ExecResumeReply,
   ProcessStartRequest,
   ProcessInfo,

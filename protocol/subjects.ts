@@ -153,6 +153,7 @@ const RESENDABLE = new Set([
   'info',
   'exec.cancel',
   'exec.resume',
+  'exec.credit',
   'files.read',
   'files.list',
   // Numbered chunks: one sent again is answered again, never applied twice.

@@ -32,6 +32,7 @@ export const SandboxVerbTable = {
   exec: { states: RUNNING, wakes: true, request: 'ExecRequest', reply: 'ExecResult' },
   'exec.cancel': { states: [...LIVE, 'stopping'], wakes: false, request: 'ExecCancelRequest', reply: 'ExecCancelReply' },
   'exec.resume': { states: [...LIVE, 'stopping'], wakes: false, request: 'ExecResumeRequest', reply: 'ExecResumeReply' },
+  'exec.credit': { states: [...LIVE, 'stopping'], wakes: false, request: 'ExecCreditRequest', reply: 'Empty' },
   'files.read': { states: RUNNING, wakes: true, request: 'FilesReadRequest', reply: 'FilesReadReply' },
   'files.write': { states: RUNNING, wakes: true, request: 'FilesWriteRequest', reply: 'FilesWriteReply' },
   'files.list': { states: RUNNING, wakes: true, request: 'FilesListRequest', reply: 'FilesListReply' },

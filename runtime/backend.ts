@@ -24,6 +24,18 @@ export interface ExecOptions {
   /** Do not keep output for the result (a stream delivers it already). */
   discard?: boolean;
   signal?: AbortSignal;
+  /**
+   * A streamed exec's flow control: while \`held()\`, the backend leaves the command's output unread
+   * (the command then waits on its pipe) until \`whenOpen\` calls back. Only while the command runs:
+   * what it left in its pipes at the exit or a kill is read at once. A backend that cannot hold its
+   * output ignores it; its output is then bounded by maxOutputBytes alone.
+   */
+  flow?: OutputFlow;
+}
+
+export interface OutputFlow {
+  held(): boolean;
+  whenOpen(cb: () => void): void;
 }
 
 export interface ExecOutcome {

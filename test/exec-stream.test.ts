@@ -1,7 +1,7 @@
 /** The node's side of a streamed exec, as pure logic: what it sends, in what order, and what resume sends again. */
 import { setImmediate as turn } from 'node:timers/promises';
 import test from 'ava';
-import { ExecStream, STREAM_CHUNK_BYTES } from '../actors/exec-stream.ts';
+import { ExecStream, STREAM_BUFFER_BYTES, STREAM_CHUNK_BYTES } from '../actors/exec-stream.ts';
 import type { ExecEvent } from '../protocol/index.ts';
 
 const b = (s: string) => Buffer.from(s);
@@ -61,4 +61,43 @@ test('what the buffer no longer holds comes back as one gap, counted in events a
   s.resume(0, 0);
   t.deepEqual(sent[0], { t: 'gap', s: 0, n: 1, bytes: 4 });
   t.deepEqual(sent.slice(1).map(text), ['5678', 'abcd']);
+});
+
+test('with a window, output past the last credit holds the command; a credit, a resume or the end opens it; without one nothing is held', async (t) => {
+  const s = new ExecStream(() => {}, STREAM_BUFFER_BYTES, 100);
+  s.output('out', Buffer.alloc(60));
+  await turn();
+  t.false(s.held());
+  s.output('out', Buffer.alloc(60));
+  t.true(s.held(), 'output not sent yet counts');
+  let opened = 0;
+  s.whenOpen(() => opened++);
+  s.credit(10);
+  t.true(s.held());
+  t.is(opened, 0);
+  s.credit(60);
+  t.false(s.held());
+  t.is(opened, 1, 'opened once');
+  await turn();
+  s.output('out', Buffer.alloc(100));
+  t.true(s.held());
+  s.credit(1_000_000);
+  t.true(s.held(), 'a credit counts no more than was sent: 120 sent, 100 waiting to go');
+  await turn();
+  s.whenOpen(() => opened++);
+  s.resume(0, 220);
+  t.is(opened, 2, "a resume's offset is a credit");
+  s.output('err', Buffer.alloc(500));
+  s.whenOpen(() => opened++);
+  s.emit({ t: 'exit', exitCode: 0, durationMs: 1, truncated: false, timedOut: false, verdict: 'OK' });
+  t.is(opened, 3, 'the exit opens it');
+  t.false(s.held());
+  const free = new ExecStream(() => {});
+  free.output('out', Buffer.alloc(10_000_000));
+  t.false(free.held());
+  let now = false;
+  free.whenOpen(() => {
+    now = true;
+  });
+  t.true(now);
 });

@@ -92,6 +92,28 @@ test('execStream yields output as it comes, then the exit', async (t) => {
   t.is(exit, 5);
 });
 
+test('a streamed exec whose reader waits holds its command back; once it reads, every byte comes', async (t) => {
+  const sb = await t.context.pdk.sandboxes.create({});
+  t.teardown(() => sb.kill());
+  const big = 48 * 1024 * 1024;
+  let n = 0;
+  let stalled = false;
+  let exit: number | undefined;
+  for await (const ev of sb.execStream(['sh', '-c', `head -c ${big} /dev/zero; touch /tmp/wrote`], { maxOutputBytes: big })) {
+    if (ev.type === 'exit') exit = ev.exitCode;
+    if (ev.type !== 'stdout') continue;
+    n += ev.data.length;
+    if (stalled) continue;
+    stalled = true;
+    // 5 s unread: the node's output budget alone (16 MiB/s after a 16 MiB burst) would let it all out.
+    await new Promise((r) => setTimeout(r, 5000));
+    t.is((await sb.exec(['test', '-e', '/tmp/wrote'])).exitCode, 1, 'the command still waits on its pipe');
+  }
+  t.is(exit, 0);
+  t.is(n, big);
+  t.is((await sb.exec(['test', '-e', '/tmp/wrote'])).exitCode, 0);
+});
+
 test('breaking out of execStream kills the command', async (t) => {
   const sb = await t.context.pdk.sandboxes.create({});
   t.teardown(() => sb.kill());

@@ -150,6 +150,22 @@ export async function execInContainer(a: CrunExecArgs, opts: ExecOptions): Promi
 
     let noSpace = false;
     let outputTimer: NodeJS.Timeout | undefined;
+    /** Held for the caller's window (opts.flow); off once the command has exited or is being stopped. */
+    let flowHeld = false;
+    let flowOff = false;
+    let holding = false;
+    // The pipes are held while the output budget or the caller's window says so, for either.
+    const applyHold = () => {
+      const want = outputTimer !== undefined || flowHeld;
+      if (want === holding) return;
+      holding = want;
+      child.holdOutput(want);
+    };
+    const flowDone = () => {
+      flowOff = true;
+      flowHeld = false;
+      applyHold();
+    };
     const onData = (which: 'out' | 'err', chunk: Buffer) => {
       if (which === 'err' && !noSpace && chunk.includes(ENOSPC_TEXT)) noSpace = true;
       const buf = which === 'out' ? out : err;
@@ -168,11 +184,21 @@ export async function execInContainer(a: CrunExecArgs, opts: ExecOptions): Promi
       // Every chunk is spent; one already held, or read after the exit, is not held again.
       const waitMs = a.output ? a.output.budget.spend(a.output.sandbox, chunk.length) : 0;
       if (waitMs > 0 && outputTimer === undefined && exitCode === null) {
-        child.holdOutput(true);
         outputTimer = setTimeout(() => {
           outputTimer = undefined;
-          child.holdOutput(false);
+          applyHold();
         }, waitMs);
+        applyHold();
+      }
+      const flow = opts.flow;
+      if (flow && !flowOff && !flowHeld && exitCode === null && flow.held()) {
+        flowHeld = true;
+        applyHold();
+        flow.whenOpen(() => {
+          if (!flowHeld) return;
+          flowHeld = false;
+          applyHold();
+        });
       }
       if (chunk.length > room) {
         truncated = true;
@@ -194,6 +220,8 @@ export async function execInContainer(a: CrunExecArgs, opts: ExecOptions): Promi
     function stop() {
       if (stopping) return;
       stopping = true;
+      // A command being killed must be able to end: what it wrote is read, window or not.
+      flowDone();
       void (async () => {
         // The pid file appears once crun has started the process; a stop that comes earlier waits for it.
         for (let i = 0; i < 50; i++) {
@@ -257,8 +285,8 @@ export async function execInContainer(a: CrunExecArgs, opts: ExecOptions): Promi
         if (outputTimer !== undefined) {
           clearTimeout(outputTimer);
           outputTimer = undefined;
-          child.holdOutput(false);
         }
+        flowDone();
         // Background children may keep the pipes open: give them a moment, then return anyway.
         graceTimer = setTimeout(finish, PIPE_GRACE_MS);
       },
