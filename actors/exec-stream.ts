@@ -5,7 +5,7 @@
  * `exec.resume` and gets them again. What the buffer no longer holds comes back as one `gap`
  * event saying how many events and bytes were lost, never as silence.
  */
-import type { ExecEvent } from '../protocol/index.ts';
+import { type ExecEvent, SendWindow } from '../protocol/index.ts';
 import type { OutputFlow } from '../runtime/backend.ts';
 
 /** Output kept per running stream: at 64 KiB chunks, the last eight of them. */
@@ -29,11 +29,9 @@ function sizeOf(ev: ExecEvent): number {
 
 export class ExecStream implements OutputFlow {
   private next = 0;
-  /** Output bytes the caller has taken (exec.credit, or a resume's offset), with a window. */
-  private credited = 0;
+  /** Output bytes sent so far, against the caller's window and credits (exec.credit, a resume's offset). */
+  private readonly out: SendWindow;
   private waiting: Array<() => void> = [];
-  /** Output bytes sent so far. */
-  private offset = 0;
   /** Recent events, oldest first, each with the output offset it starts at. */
   private readonly kept: Array<{ ev: Numbered; at: number }> = [];
   private keptBytes = 0;
@@ -46,13 +44,14 @@ export class ExecStream implements OutputFlow {
     private readonly send: (ev: ExecEvent) => void,
     private readonly maxBytes = STREAM_BUFFER_BYTES,
     /** The caller's window (ExecRequest.window): absent, nothing is ever held. */
-    private readonly window?: number,
-  ) {}
+    window?: number,
+  ) {
+    this.out = new SendWindow(window);
+  }
 
-  /** More than a window of output is out past the caller's last credit: the command should wait. */
+  /** A window of output is out past the caller's last credit: the command should wait. */
   held(): boolean {
-    if (this.window === undefined || this.done) return false;
-    return this.offset + (this.pending?.bytes ?? 0) - this.credited >= this.window;
+    return !this.done && this.out.full(this.pending?.bytes ?? 0);
   }
 
   whenOpen(cb: () => void): void {
@@ -62,7 +61,7 @@ export class ExecStream implements OutputFlow {
 
   /** The caller has taken `received` output bytes (never more than were sent). */
   credit(received: number): void {
-    this.credited = Math.max(this.credited, Math.min(received, this.offset));
+    this.out.credit(received);
     if (!this.held()) this.open();
   }
 
@@ -107,8 +106,8 @@ export class ExecStream implements OutputFlow {
   private send1(event: Unnumbered, send = true): void {
     const ev = { ...event, s: this.next++ } as Numbered;
     const size = sizeOf(ev);
-    this.kept.push({ ev, at: this.offset });
-    this.offset += size;
+    this.kept.push({ ev, at: this.out.sent });
+    this.out.sent += size;
     this.keptBytes += size;
     // The newest event stays whatever its size: the end of a stream must always be resendable.
     while (this.keptBytes > this.maxBytes && this.kept.length > 1) {
@@ -135,7 +134,7 @@ export class ExecStream implements OutputFlow {
     const first = this.kept[0];
     const firstSeq = first ? first.ev.s : this.next;
     if (from < firstSeq) {
-      const firstAt = first ? first.at : this.offset;
+      const firstAt = first ? first.at : this.out.sent;
       this.send({ t: 'gap', s: from, n: firstSeq - from, bytes: Math.max(0, firstAt - (offset ?? 0)) });
       resent++;
     }

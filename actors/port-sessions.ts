@@ -9,7 +9,7 @@ import { createServer, type Server, type Socket } from 'node:net';
 import type { Duplex } from 'node:stream';
 import type { NatsConnection } from '@nats-io/transport-node';
 import type { Logger } from 'pino';
-import { encode, type PortEvent, ProtocolError, toWireError } from '../protocol/index.ts';
+import { encode, type PortEvent, ProtocolError, SendWindow, toWireError } from '../protocol/index.ts';
 
 /** Connections one sandbox may hold open over NATS at once. */
 export const PORT_CONNECTIONS_MAX = 64;
@@ -20,10 +20,8 @@ interface Conn {
   stream: Duplex;
   reply: string;
   lastAt: number;
-  /** Flow control (ports.connect's window): bytes sent, and the caller's last credit. */
-  window?: number;
-  sent: number;
-  credited: number;
+  /** Bytes sent, against ports.connect's window and the caller's credits. */
+  out: SendWindow;
 }
 
 export interface PortSessionsDeps {
@@ -62,7 +60,7 @@ export class PortSessions {
       throw new ProtocolError('INVALID_STATE', `sandbox ${this.d.sandbox} is ending`);
     }
     const connId = `p${++this.seq}${Math.random().toString(36).slice(2, 8)}`;
-    const conn: Conn = { stream, reply, lastAt: Date.now(), ...(window ? { window } : {}), sent: 0, credited: 0 };
+    const conn: Conn = { stream, reply, lastAt: Date.now(), out: new SendWindow(window) };
     this.conns.set(connId, conn);
     const send = (ev: PortEvent) => {
       try {
@@ -77,8 +75,8 @@ export class PortSessions {
     stream.on('data', (b: Buffer) => {
       conn.lastAt = Date.now();
       for (let i = 0; i < b.length; i += max) send({ t: 'd', d: b.subarray(i, i + max) });
-      conn.sent += b.length;
-      if (conn.window !== undefined && conn.sent - conn.credited >= conn.window) stream.pause();
+      conn.out.sent += b.length;
+      if (conn.out.full()) stream.pause();
     });
     let ended = false;
     const finish = (ev: PortEvent) => {
@@ -108,10 +106,10 @@ export class PortSessions {
   /** The caller has taken `received` bytes: the server is read again once less than a window waits. */
   credit(connId: string, received: number): Record<string, never> {
     const c = this.conns.get(connId);
-    if (!c || c.window === undefined) return {};
+    if (!c || c.out.window === undefined) return {};
     c.lastAt = Date.now();
-    c.credited = Math.max(c.credited, Math.min(received, c.sent));
-    if (c.stream.isPaused() && c.sent - c.credited < c.window) c.stream.resume();
+    c.out.credit(received);
+    if (c.stream.isPaused() && !c.out.full()) c.stream.resume();
     return {};
   }
 

@@ -6,6 +6,7 @@ export { decode, decodeRequest, encode } from './codec.ts';
 export type { DirectoryQuery } from './directory.ts';
 export { LISTED_BY_DEFAULT, selectSandboxes } from './directory.ts';
 export { positiveEnv } from './env.ts';
+export { Credits, SendWindow } from './flow.ts';
 export type { ErrorCode, Fault, WireError } from './errors.ts';
 export { ErrorCodes, isErrorCode, natsFailure, ProtocolError, setStoreProbe, storeFull, toWireError, unavailable } from './errors.ts';
 export { newRolloutId, newSandboxId, newSnapshotId } from './ids.ts';

@@ -5,7 +5,7 @@
  */
 import { Duplex } from 'node:stream';
 import { createInbox, type Msg } from '@nats-io/transport-node';
-import { decode, encode, Limits, type PortEvent, type PortsUrlReply, type Reply, subjects } from '../protocol/index.ts';
+import { Credits, decode, encode, Limits, type PortEvent, type PortsUrlReply, type Reply, subjects } from '../protocol/index.ts';
 import { errorFromWire, TimeoutError } from './errors.ts';
 import type { CallOptions } from './transport.ts';
 
@@ -98,9 +98,8 @@ export class SandboxPorts {
 
 class PortConnection extends Duplex {
   private closedRemote = false;
-  /** Bytes received from the node, and the count last credited back to it. */
-  private got = 0;
-  private credited = 0;
+  /** Bytes received from the node, credited back as the reader takes them. */
+  private readonly credits: Credits;
 
   constructor(
     private readonly sb: PortsHost,
@@ -110,6 +109,7 @@ class PortConnection extends Duplex {
     // A window's worth may wait here for the reader: a smaller mark would credit in small steps.
     // Not half-open: once the node says `end` the connection is gone there, writes and all.
     super({ readableHighWaterMark: PORT_WINDOW_BYTES, allowHalfOpen: false });
+    this.credits = new Credits(PORT_WINDOW_BYTES, (received) => sb.tell('ports.credit', { connId, received }));
     this.once('end', () => {
       this.closedRemote = true;
     });
@@ -117,24 +117,13 @@ class PortConnection extends Duplex {
 
   /** Bytes from the server: into the stream, credited at once while the reader keeps up. */
   received(d: Buffer): void {
-    this.got += d.length;
-    if (this.push(d)) this.credit();
+    this.credits.add(d.length);
+    if (this.push(d)) this.credits.offer();
   }
 
   override _read(): void {
     // The reader wants more: what it has taken is credited, and the node sends on.
-    this.credit();
-  }
-
-  /** Credits what was received, in steps of half a window (the node waits at a whole one). */
-  private credit(): void {
-    if (this.got - this.credited < PORT_WINDOW_BYTES / 2) return;
-    this.credited = this.got;
-    try {
-      this.sb.tell('ports.credit', { connId: this.connId, received: this.got });
-    } catch {
-      // NATS away: the next read credits again, and the node waits meanwhile.
-    }
+    this.credits.offer();
   }
 
   override _write(chunk: Buffer, _enc: BufferEncoding, cb: (err?: Error | null) => void): void {

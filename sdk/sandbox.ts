@@ -6,6 +6,7 @@ import { create as createTar } from 'tar';
 import {
   type ComputerAction,
   type ComputerReply,
+  Credits,
   decode,
   type ExecEvent,
   type ExecResumeReply,
@@ -328,19 +329,11 @@ export class Sandbox {
     /** The next event number expected, and output bytes received. */
     let next = 0;
     let offset = 0;
-    /** Output bytes the loop's reader has taken, and the count last credited to the node. */
-    let taken = 0;
-    let credited = 0;
-    /** Credits what the reader has taken, in steps of half a window (the node waits at a whole one). */
+    /** Output bytes the loop's reader has taken, credited back to the node (ExecRequest.window). */
+    const credits = new Credits(EXEC_WINDOW_BYTES, (received) => nc.publish(subjects.sandbox(this.id, 'exec.credit'), encode({ execId, received })));
     const take = (bytes: number) => {
-      taken += bytes;
-      if (taken - credited < EXEC_WINDOW_BYTES / 2) return;
-      credited = taken;
-      try {
-        nc.publish(subjects.sandbox(this.id, 'exec.credit'), encode({ execId, received: taken }));
-      } catch {
-        // NATS away: the resume after it reconnects says what was received.
-      }
+      credits.add(bytes);
+      credits.offer();
     };
     /** A resume is under way (set until the event it asked for arrives). */
     let resuming = false;

@@ -86,7 +86,7 @@ export class SseWriter {
 }
 
 /**
- * What a stream has received and its reader not yet taken, at most \`max\` items: past it the
+ * What a stream has received and its reader not yet taken, at most `max` items: past it the
  * newest are counted, not kept, and the reader gets the count in their place, in order. A reader
  * that stops reading (an HTTP client that keeps its connection open and reads nothing) otherwise
  * made the gateway hold every message for as long as it stayed connected.
