@@ -294,6 +294,15 @@ test('deleting a rollout deletes its records; retention deletes them once it run
   t.is(await pdk.rollouts.get(short.rolloutId), null);
   t.deepEqual(await readRollout(connectionOf(pdk), short.rolloutId, 'all'), []);
   t.is((await readRollout(connectionOf(pdk), long.rolloutId, 'all')).length, 2);
+  // One sweep per period for the whole cluster: of two nodes that look at once, one sweeps, and
+  // neither again until the period has passed (an hour ahead: the cluster's own nodes look now).
+  const other = await Journal.open(nc, { nodeId: 'sweeper-test-2', log: pino({ level: 'silent' }), config: loadChronusConfig({}), maxPayload: 1024 * 1024 });
+  const later = Date.now() + 3_600_000;
+  const claims = await Promise.all([journal.claimSweep(later), other.claimSweep(later)]);
+  t.is(claims.filter(Boolean).length, 1);
+  t.false(await journal.claimSweep(later + 30_000));
+  t.false(await other.claimSweep(later + 30_000));
+  t.true(await other.claimSweep(later + 61_000));
 });
 
 test('export writes the trajectory as JSONL, one line per step', async (t) => {

@@ -2,6 +2,7 @@
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { jetstreamManager } from '@nats-io/jetstream';
 import { Kvm } from '@nats-io/kv';
 import { connect } from '@nats-io/transport-node';
 import test from 'ava';
@@ -44,4 +45,13 @@ test('scanKv: the last value of every live key, also while the bucket is written
   ac.abort();
   await t.throwsAsync(scanKv(kv, { signal: ac.signal }), { message: /cancelled/ });
   await t.throwsAsync(scanKv(kv, { deadline: Date.now() - 1 }), { message: /did not finish in time/ });
+  // Every scan deleted its consumer (the last ones a moment after they returned): the server keeps
+  // one 5 minutes otherwise, and signals each on every write to the stream.
+  const jsm = await jetstreamManager(nc);
+  let left = -1;
+  for (let i = 0; i < 50 && left !== 0; i++) {
+    left = (await jsm.streams.info('KV_scan')).state.consumer_count;
+    if (left !== 0) await new Promise((r) => setTimeout(r, 100));
+  }
+  t.is(left, 0);
 });

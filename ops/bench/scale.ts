@@ -13,8 +13,8 @@
  * seconds each kind of process used during the bursts (what ran out).
  *
  *   node --import tsx ops/bench/scale.ts [--nodes 160] [--sandboxes 380000] [--burst 32000]
- *     [--trainers 3] [--concurrency 256] [--per-process 40] [--placement 1] [--no-slope]
- *     [--slope-nodes 10] [--profile DIR] [--json]
+ *     [--trainers 3] [--concurrency 256] [--per-process 40] [--placement 1] [--no-slope] [--no-floor]
+ *     [--slope-nodes 10] [--profile DIR] [--profile-phase bursts|pause] [--json]
  */
 import { type ChildProcess, fork, spawn } from 'node:child_process';
 import { createWriteStream } from 'node:fs';
@@ -23,15 +23,17 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { jetstreamManager } from '@nats-io/jetstream';
+import type { NatsConnection } from '@nats-io/transport-node';
 import { distIsCurrent, ROOT } from '../../runtime/source.ts';
 import { connectionOf } from '../../sdk/client.ts';
 import { Paddock } from '../../sdk/index.ts';
 import { type NatsCluster, startNatsCluster } from '../nats.ts';
 import { CLK_TCK, cleanUp, cleanUpOnSignals, cpuSeconds, fmt, hostCpu, numberArg, onCleanup, progress, rssBytes, runMain, sleep, table, UsageError } from './harness.ts';
+import { type FloorCommand, floorNodeSubject, makeFloorBucket, removeFloorBucket } from './scale-floor.ts';
 import type { BurstResult, ExecResult, TrainerCommand } from './scale-trainer.ts';
 import { round3, summarize } from './stats.ts';
 
-const USAGE = 'usage: scale.ts [--nodes N] [--sandboxes N] [--burst N] [--trainers N] [--concurrency N] [--per-process K] [--placement P] [--sandboxes-per-node S] [--no-slope] [--slope-nodes N] [--profile DIR] [--json]';
+const USAGE = 'usage: scale.ts [--nodes N] [--sandboxes N] [--burst N] [--trainers N] [--concurrency N] [--per-process K] [--placement P] [--sandboxes-per-node S] [--no-slope] [--no-floor] [--slope-nodes N] [--profile DIR] [--profile-phase bursts|pause] [--json]';
 
 interface Options {
   nodes: number;
@@ -44,14 +46,18 @@ interface Options {
   sandboxesPerNode: number;
   slope: boolean;
   slopeNodes: number;
+  /** Measure the floor (scale-floor.ts) first. */
+  floor: boolean;
   profile?: string;
+  /** What --profile covers: the bursts (default) or the group pause and resume. */
+  profilePhase: 'bursts' | 'pause';
   json: boolean;
 }
 
 const TARGETS = { live: 380_000, nodes: 160, placementsPerSec: 5000, createP99Ms: 100, rssBytesPerSandbox: 32 * 1024, groupPauseMs: 2000 };
 
 function parseArgs(argv: readonly string[]): Options {
-  const o: Options = { nodes: 160, sandboxes: 380_000, burst: 32_000, trainers: 3, concurrency: 256, perProcess: 40, placement: 1, sandboxesPerNode: 3200, slope: true, slopeNodes: 10, json: false };
+  const o: Options = { nodes: 160, sandboxes: 380_000, burst: 32_000, trainers: 3, concurrency: 256, perProcess: 40, placement: 1, sandboxesPerNode: 3200, slope: true, slopeNodes: 10, floor: true, profilePhase: 'bursts', json: false };
   const nums = { '--nodes': 'nodes', '--sandboxes': 'sandboxes', '--burst': 'burst', '--trainers': 'trainers', '--concurrency': 'concurrency', '--per-process': 'perProcess', '--placement': 'placement', '--sandboxes-per-node': 'sandboxesPerNode', '--slope-nodes': 'slopeNodes' } as const;
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i] as string;
@@ -59,9 +65,14 @@ function parseArgs(argv: readonly string[]): Options {
     if (a === '--json') o.json = true;
     else if (a === '--no-slope') o.slope = false;
     else if (a === '--slope') o.slope = true;
+    else if (a === '--no-floor') o.floor = false;
     else if (name === '--profile') {
       o.profile = a === name ? argv[++i] : a.slice(name.length + 1);
       if (!o.profile) throw new UsageError(`--profile: a directory\n${USAGE}`);
+    } else if (name === '--profile-phase') {
+      const v = a === name ? argv[++i] : a.slice(name.length + 1);
+      if (v !== 'bursts' && v !== 'pause') throw new UsageError(`--profile-phase: bursts or pause\n${USAGE}`);
+      o.profilePhase = v;
     } else if (name in nums) {
       const r = numberArg(argv, i, name, USAGE);
       o[nums[name as keyof typeof nums]] = r.value;
@@ -143,15 +154,18 @@ async function startFleet(o: { url: string; home: string; logDir: string; first:
   return fleet;
 }
 
-interface Trainer {
+interface Child<C> {
   proc: ChildProcess;
-  call<T>(m: TrainerCommand & { seq: number }): Promise<T>;
+  call<T>(m: C & { seq: number }): Promise<T>;
 }
 
-async function startTrainers(n: number, url: string): Promise<Trainer[]> {
-  const trainers = await Promise.all(
-    Array.from({ length: n }, async () => {
-      const proc = fork(join(ROOT, 'ops', 'bench', 'scale-trainer.ts'), [], { env: { ...process.env, NATS_URL: url }, execArgv: ['--import', import.meta.resolve('tsx')], stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
+type Trainer = Child<TrainerCommand>;
+
+/** Forks `n` children of `file` (an IPC protocol of `{seq}` calls and a first `{ready}`), with `args(i)`. */
+async function startChildren<C extends { cmd: string }>(n: number, url: string, file: string, args: (i: number) => string[], what: string): Promise<Array<Child<C>> & { stop(): Promise<void> }> {
+  const children = await Promise.all(
+    Array.from({ length: n }, async (_, i) => {
+      const proc = fork(join(ROOT, 'ops', 'bench', file), args(i), { env: { ...process.env, NATS_URL: url }, execArgv: ['--import', import.meta.resolve('tsx')], stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
       const waiting = new Map<number, (v: unknown) => void>();
       let ready: () => void = () => {};
       const isReady = new Promise<void>((r) => (ready = r));
@@ -159,12 +173,12 @@ async function startTrainers(n: number, url: string): Promise<Trainer[]> {
         if (m.ready) ready();
         else if (m.seq !== undefined) waiting.get(m.seq)?.(m);
       });
-      const exited = new Promise<never>((_, reject) => proc.once('exit', (c, s) => reject(new Error(`a trainer exited (${s ?? c})`))));
+      const exited = new Promise<never>((_, reject) => proc.once('exit', (c, s) => reject(new Error(`a ${what} process exited (${s ?? c})`))));
       exited.catch(() => {});
       await Promise.race([isReady, exited]);
       return {
         proc,
-        call: <T>(m: TrainerCommand & { seq: number }) =>
+        call: <T>(m: C & { seq: number }) =>
           Promise.race([
             new Promise<T>((resolve) => {
               waiting.set(m.seq, resolve as (v: unknown) => void);
@@ -175,10 +189,76 @@ async function startTrainers(n: number, url: string): Promise<Trainer[]> {
       };
     }),
   );
-  onCleanup('trainers', async () => {
-    await Promise.all(trainers.map((t) => stopProcess(t.proc, 5000)));
-  });
-  return trainers;
+  const stop = async () => {
+    await Promise.all(children.map((t) => stopProcess(t.proc, 5000)));
+  };
+  onCleanup(what, stop);
+  return Object.assign(children, { stop });
+}
+
+function startTrainers(n: number, url: string): Promise<Trainer[]> {
+  return startChildren<TrainerCommand>(n, url, 'scale-trainer.ts', () => [], 'trainer');
+}
+
+interface Floor {
+  sandboxes: number;
+  failed: number;
+  placementsPerSec: number;
+  createP50Ms: number;
+  createP99Ms: number;
+  /** CPU ms per create: the floor's own processes (trainers included) and the NATS servers. */
+  cpuMsPerCreate: { clients: number; nats: number };
+  msgsPerCreate: number;
+  /** Every record of the burst written again, through a request to each node at once. */
+  groupWriteMs: number;
+  groupWriteCpuMs: { clients: number; nats: number };
+}
+
+/**
+ * The same NATS work as a burst and a group pause, done by bare nats.js clients (scale-floor.ts)
+ * on the same cluster, before the fleet starts: as many processes, placement responders, nodes,
+ * trainers and creates in flight as Paddock's run has.
+ */
+async function floorPhase(o: Options, cluster: NatsCluster, natsPids: number[], nc: NatsConnection): Promise<Floor> {
+  const n = Math.min(o.burst, o.sandboxes);
+  progress(`floor: ${n} creates and a group write through bare NATS clients (${o.nodes} nodes, ${Math.ceil(o.nodes / o.perProcess)} processes)`);
+  await makeFloorBucket(nc, cluster.urls.length >= 3 ? 3 : 1);
+  const parts = Math.ceil(o.nodes / o.perProcess);
+  const fleet = await startChildren<FloorCommand>(parts, cluster.url, 'scale-floor.ts', (i) => ['fleet', String(i * o.perProcess), String(Math.min(o.perProcess, o.nodes - i * o.perProcess)), String(o.nodes), String(o.placement)], 'floor fleet');
+  const trainers = await startChildren<FloorCommand>(o.trainers, cluster.url, 'scale-floor.ts', () => ['trainer'], 'floor trainer');
+  const pids = [...fleet, ...trainers].map((c) => c.proc.pid as number);
+  try {
+    const c0 = { clients: await sumCpu(pids), nats: await sumCpu(natsPids) };
+    const v0 = await varz(cluster);
+    const b = await tally(trainers, 'floor', n, (t, share) => t.call<BurstResult>({ cmd: 'burst', seq: ++seq, count: share, concurrency: o.concurrency }));
+    const v1 = await varz(cluster);
+    const c1 = { clients: await sumCpu(pids), nats: await sumCpu(natsPids) };
+    const t = performance.now();
+    const written = await Promise.all(Array.from({ length: o.nodes }, (_, k) => nc.request(floorNodeSubject(k, 'group'), new Uint8Array(), { timeout: 600_000 }).then((m) => Number(new TextDecoder().decode(m.data)))));
+    const groupWriteMs = performance.now() - t;
+    const c2 = { clients: await sumCpu(pids), nats: await sumCpu(natsPids) };
+    const s = summarize(b.latencies);
+    const per = (x: number) => round3((1000 * x) / Math.max(1, b.created));
+    const f: Floor = {
+      sandboxes: b.created,
+      failed: b.failed,
+      placementsPerSec: round3(b.perSec),
+      createP50Ms: round3(s.p50),
+      createP99Ms: round3(s.p99),
+      cpuMsPerCreate: { clients: per(c1.clients - c0.clients), nats: per(c1.nats - c0.nats) },
+      msgsPerCreate: round3((v1.inMsgs - v0.inMsgs + v1.outMsgs - v0.outMsgs) / Math.max(1, b.created)),
+      groupWriteMs: Math.round(groupWriteMs),
+      groupWriteCpuMs: { clients: per(c2.clients - c1.clients), nats: per(c2.nats - c1.nats) },
+    };
+    const rewritten = written.reduce((x, y) => x + (Number.isFinite(y) ? y : 0), 0);
+    progress(`floor: ${b.created} in ${fmt(b.seconds, 1)} s = ${fmt(b.perSec, 0)}/s, p50 ${fmt(s.p50, 1)} ms, p99 ${fmt(s.p99, 1)} ms, CPU ms per create clients ${fmt(f.cpuMsPerCreate.clients, 2)} NATS ${fmt(f.cpuMsPerCreate.nats, 2)}; group write of ${rewritten} in ${f.groupWriteMs} ms${b.failed ? `; ${b.failed} failed ${JSON.stringify(b.errors)}` : ''}`);
+    return f;
+  } finally {
+    await Promise.all([...fleet, ...trainers].map((c) => c.call({ cmd: 'exit', seq: ++seq }).catch(() => {})));
+    await fleet.stop();
+    await trainers.stop();
+    await removeFloorBucket(nc);
+  }
 }
 
 // ─── Readings ───────────────────────────────────────────────────────────────────────────────────
@@ -235,8 +315,13 @@ interface Burst {
 }
 
 async function burst(trainers: Trainer[], group: string, count: number, concurrency: number, keepEvery: number): Promise<Burst> {
+  return tally(trainers, group, count, (t, share) => t.call<BurstResult>({ cmd: 'burst', seq: ++seq, group, count: share, concurrency, keepEvery }));
+}
+
+/** `count` creates shared among `trainers`, summed up. */
+async function tally<T>(trainers: T[], group: string, count: number, call: (t: T, share: number) => Promise<BurstResult>): Promise<Burst> {
   const shares = trainers.map((_, i) => Math.floor(count / trainers.length) + (i < count % trainers.length ? 1 : 0));
-  const results = await Promise.all(trainers.map((t, i) => t.call<BurstResult>({ cmd: 'burst', seq: ++seq, group, count: shares[i] as number, concurrency, keepEvery })));
+  const results = await Promise.all(trainers.map((t, i) => call(t, shares[i] as number)));
   const start = Math.min(...results.map((r) => r.startMs));
   const end = Math.max(...results.map((r) => r.endMs));
   const errors: Record<string, number> = {};
@@ -293,6 +378,9 @@ async function main(): Promise<void> {
   const trainerPids = trainers.map((t) => t.proc.pid as number);
   const fleetOpts = { url: cluster.url, home, logDir, perProcess: o.perProcess, placement: o.placement, sandboxesPerNode: o.sandboxesPerNode, ...(o.profile ? { profile: o.profile } : {}) };
 
+  // ── Floor: the same NATS work without Paddock, before any of Paddock runs.
+  const floor = o.floor ? await floorPhase(o, cluster, natsPids, connectionOf(pdk)) : undefined;
+
   // ── Slope: the same burst on a few nodes first.
   let slope: { nodes: number; sandboxes: number; placementsPerSec: number; createP50Ms: number; createP99Ms: number; cpuMsPerCreate: { fleet: number; nats: number }; hostBusyCores: number } | undefined;
   if (o.slope && o.slopeNodes < o.nodes) {
@@ -347,7 +435,7 @@ async function main(): Promise<void> {
   const v0 = await varz(cluster);
   const js0 = await jsWrites(pdk);
   const cpu0 = { fleet: await sumCpu(fleetPids), nats: await sumCpu(natsPids), trainers: await sumCpu(trainerPids), host: await hostCpu() };
-  if (o.profile) await signalAll(fleetPids, 'SIGUSR2');
+  if (o.profile && o.profilePhase === 'bursts') await signalAll(fleetPids, 'SIGUSR2');
   const jobs = Math.ceil(o.sandboxes / o.burst);
   for (let j = 0; j < jobs; j++) {
     const count = Math.min(o.burst, o.sandboxes - j * o.burst);
@@ -357,7 +445,7 @@ async function main(): Promise<void> {
     const live = bursts.reduce((n, x) => n + x.created, 0);
     progress(`burst ${j + 1}/${jobs} (job-${j}): ${b.created} in ${fmt(b.seconds, 1)} s = ${fmt(b.perSec, 0)}/s, p50 ${fmt(s.p50, 1)} ms, p99 ${fmt(s.p99, 1)} ms; ${live} live, fleet RSS ${fmt((await sumRss(fleetPids)) / 2 ** 20, 0)} MiB${b.failed ? `; ${b.failed} failed ${JSON.stringify(b.errors)}` : ''}`);
   }
-  if (o.profile) {
+  if (o.profile && o.profilePhase === 'bursts') {
     await signalAll(fleetPids, 'SIGUSR2');
     progress(`CPU profiles of the fleet processes during the bursts: ${o.profile}`);
   }
@@ -393,19 +481,29 @@ async function main(): Promise<void> {
   // ── Group pause and resume of one job.
   const job = bursts[0] as Burst;
   progress(`group pause and resume of ${job.group} (${job.created} sandboxes on ${Object.keys(job.nodes).length} nodes)`);
-  let t = performance.now();
-  const paused = await pdk.groups.pause(job.group);
-  const pauseMs = performance.now() - t;
-  t = performance.now();
-  const resumed = await pdk.groups.resume(job.group);
-  const resumeMs = performance.now() - t;
-  progress(`pause ${fmt(pauseMs, 0)} ms (${paused.ok}/${paused.total}, ${paused.unreachable.length} nodes unreachable), resume ${fmt(resumeMs, 0)} ms (${resumed.ok}/${resumed.total})`);
+  // What a group verb costs, and where: CPU seconds of the fleet and of NATS, and JetStream writes.
+  const groupCost = async <T>(verb: () => Promise<T>) => {
+    const before = { fleet: await sumCpu(fleetPids), nats: await sumCpu(natsPids), js: await jsWrites(pdk) };
+    if (o.profile && o.profilePhase === 'pause') await signalAll(fleetPids, 'SIGUSR2');
+    const t0 = performance.now();
+    const reply = await verb();
+    const ms = performance.now() - t0;
+    if (o.profile && o.profilePhase === 'pause') await signalAll(fleetPids, 'SIGUSR2');
+    const after = { fleet: await sumCpu(fleetPids), nats: await sumCpu(natsPids), js: await jsWrites(pdk) };
+    return { reply, ms, fleetCpuS: round3(after.fleet - before.fleet), natsCpuS: round3(after.nats - before.nats), jsWrites: after.js - before.js };
+  };
+  const pause = await groupCost(() => pdk.groups.pause(job.group));
+  const resume = await groupCost(() => pdk.groups.resume(job.group));
+  const { reply: paused, ms: pauseMs } = pause;
+  const { reply: resumed, ms: resumeMs } = resume;
+  const perSandbox = (c: typeof pause) => `fleet ${fmt((1e6 * c.fleetCpuS) / Math.max(1, job.created), 0)} µs, NATS ${fmt((1e6 * c.natsCpuS) / Math.max(1, job.created), 0)} µs CPU and ${fmt(c.jsWrites / Math.max(1, job.created), 2)} JetStream writes per sandbox`;
+  progress(`pause ${fmt(pauseMs, 0)} ms (${paused.ok}/${paused.total}, ${paused.unreachable.length} nodes unreachable; ${perSandbox(pause)}), resume ${fmt(resumeMs, 0)} ms (${resumed.ok}/${resumed.total}; ${perSandbox(resume)})`);
 
   // ── Kill everything.
   progress('killing every job (group kill)');
-  t = performance.now();
+  const killStart = performance.now();
   const kills = await Promise.all(bursts.map((b) => pdk.groups.kill(b.group)));
-  const killMs = performance.now() - t;
+  const killMs = performance.now() - killStart;
   const killed = kills.reduce((n, k) => n + k.ok, 0);
   // What the nodes still hold after the kills (a group verb skips nodes whose heartbeat is stale).
   await sleep(3000);
@@ -444,6 +542,8 @@ async function main(): Promise<void> {
     groupResume32kMs: Math.round(resumeMs),
     groupJob: job.created,
     groupPaused: { ok: paused.ok, total: paused.total, unreachable: paused.unreachable.length },
+    groupPauseCost: { fleetCpuS: pause.fleetCpuS, natsCpuS: pause.natsCpuS, jsWrites: pause.jsWrites },
+    groupResumeCost: { fleetCpuS: resume.fleetCpuS, natsCpuS: resume.natsCpuS, jsWrites: resume.jsWrites },
     groupResumed: { ok: resumed.ok, total: resumed.total, unreachable: resumed.unreachable.length },
     leftAfterKill,
     groupKillAllMs: Math.round(killMs),
@@ -453,6 +553,9 @@ async function main(): Promise<void> {
     idleCores: { fleet: round3(idle.fleet), nats: round3(idle.nats) },
     cpuMsPerCreate: { fleet: round3((1000 * cpu.fleet) / created), nats: round3((1000 * cpu.nats) / created), trainers: round3((1000 * cpu.trainers) / created) },
     shape: { trainers: o.trainers, concurrencyPerTrainer: o.concurrency, perProcess: o.perProcess, fleetProcesses: fleet.procs.length, placementReplicas: fleet.procs.length * o.placement, burst: o.burst },
+    floor,
+    floorPlacementsPerSec: floor?.placementsPerSec,
+    floorGroupPause32kMs: floor?.groupWriteMs,
     slope: slope ? { ...slope, fullNodes: o.nodes, fullPlacementsPerSec: round3(created / burstSeconds), ratio: round3(created / burstSeconds / slope.placementsPerSec) } : undefined,
   };
   const cores = (s: number) => `${fmt(s / burstSeconds, 2)} cores`;
@@ -475,6 +578,14 @@ async function main(): Promise<void> {
       ['CPU during bursts: fleet / NATS / trainers / whole host', `${cores(cpu.fleet)} / ${cores(cpu.nats)} / ${cores(cpu.trainers)} / ${cores(cpu.host)}`, '2 cores here'],
       ['CPU ms per create: fleet / NATS / trainers', `${fmt(result.cpuMsPerCreate.fleet, 2)} / ${fmt(result.cpuMsPerCreate.nats, 2)} / ${fmt(result.cpuMsPerCreate.trainers, 2)}`, `${fmt(2000 / TARGETS.placementsPerSec, 2)} in all for the target on 2 cores`],
       ['idle fleet CPU: fleet / NATS', `${fmt(idle.fleet, 2)} / ${fmt(idle.nats, 2)} cores`, '—'],
+      ...(floor
+        ? [
+            [`floor: the same NATS work by bare clients, placements/s (Paddock ÷ floor)`, `${fmt(floor.placementsPerSec, 0)} (×${fmt(result.placementsPerSec / floor.placementsPerSec, 2)})`, `≥ ${TARGETS.placementsPerSec}`],
+            ['floor: create p50 / p99 ms', `${fmt(floor.createP50Ms, 1)} / ${fmt(floor.createP99Ms, 1)}`, `p99 ≤ ${TARGETS.createP99Ms}`],
+            ['floor: CPU ms per create: clients / NATS (msgs)', `${fmt(floor.cpuMsPerCreate.clients, 2)} / ${fmt(floor.cpuMsPerCreate.nats, 2)} (${fmt(floor.msgsPerCreate, 1)} msgs)`, `${fmt(2000 / TARGETS.placementsPerSec, 2)} in all for the target on 2 cores`],
+            [`floor: group write of ${floor.sandboxes} (Paddock's pause ÷ floor)`, `${floor.groupWriteMs} ms (×${fmt(result.groupPause32kMs / Math.max(1, floor.groupWriteMs), 2)}); CPU ms per sandbox clients ${fmt(floor.groupWriteCpuMs.clients, 2)} / NATS ${fmt(floor.groupWriteCpuMs.nats, 2)}`, `pause ≤ ${TARGETS.groupPauseMs}`],
+          ]
+        : []),
       ...(slope
         ? [
             [`placements/s at ${slope.nodes} nodes → ${o.nodes}`, `${fmt(slope.placementsPerSec, 0)} → ${fmt(result.placementsPerSec, 0)} (×${fmt(result.slope?.ratio ?? Number.NaN, 2)})`, '—'],
