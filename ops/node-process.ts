@@ -24,6 +24,7 @@ import { NodeImages } from '../runtime/images/node-images.ts';
 import { MicrovmBackend } from '../runtime/microvm/index.ts';
 import type { MemoryReading } from '../runtime/pressure.ts';
 import { type NodeMetrics, startNodeMetrics } from './metrics.ts';
+import { placementOptions } from './placement-process.ts';
 
 export interface NodeProcessOptions {
   /** What backends read beyond `cfg` (PADDOCK_SIM_CPU, …): default process.env. */
@@ -148,7 +149,7 @@ export class NodeProcess {
     this.host = host;
     await host.start();
     if (cfg.placement) {
-      this.placement = new PlacementHost(nc, nodes, log.child({ part: 'placement' }), inspect, { ...cfg.waitForCapacity, ...(cfg.nodeLostMs ? { lostAfterMs: cfg.nodeLostMs } : {}) }, { id: cfg.nodeId, refusalFor: (spec) => host.refusalFor(spec) }, store);
+      this.placement = new PlacementHost(nc, nodes, log.child({ part: 'placement' }), inspect, placementOptions(cfg), { id: cfg.nodeId, refusalFor: (spec) => host.refusalFor(spec) }, store);
       await this.placement.start();
     }
     if (this.o.metrics !== false) this.metrics = await startNodeMetrics({ nc, nodes, nodeId: cfg.nodeId, nodeDir: cfg.nodeDir, log });

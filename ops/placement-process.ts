@@ -11,6 +11,7 @@ import { transitionInspector } from '../actors/inspect.ts';
 import { PlacementHost, type PlacementOptions } from '../actors/placement-host.ts';
 import { natsServers } from '../protocol/discovery.ts';
 import { Buckets, ensureBucket, type FewerReplicas, fewerReplicasWarning, replicasFor } from '../protocol/index.ts';
+import type { NodeConfig } from '../runtime/config.ts';
 
 export interface PlacementProcess {
   stop(): Promise<void>;
@@ -36,4 +37,8 @@ export async function startPlacement(o: { natsUrl: string; log: Logger; wait?: P
     await nc.close().catch(() => {});
     throw e;
   }
+}
+/** A placement replica's options from a node's configuration. */
+export function placementOptions(cfg: Pick<NodeConfig, 'waitForCapacity' | 'nodeLostMs' | 'endedRetentionMs'>): PlacementOptions {
+  return { ...cfg.waitForCapacity, ...(cfg.nodeLostMs ? { lostAfterMs: cfg.nodeLostMs } : {}), endedRetentionMs: cfg.endedRetentionMs };
 }

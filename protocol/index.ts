@@ -10,8 +10,8 @@ export { Credits, SendWindow } from './flow.ts';
 export type { ErrorCode, Fault, WireError } from './errors.ts';
 export { ErrorCodes, isErrorCode, natsFailure, ProtocolError, setStoreProbe, storeFull, toWireError, unavailable } from './errors.ts';
 export { newRolloutId, newSandboxId, newSnapshotId } from './ids.ts';
-export type { FewerReplicas, ScanOptions } from './kv.ts';
-export { ensureBucket, fewerReplicasWarning, replicasFor, scanKv } from './kv.ts';
+export type { FewerReplicas, KvEntry, ScanOptions } from './kv.ts';
+export { dropMarker, ensureBucket, fewerReplicasWarning, replicasFor, scanKv, scanKvEntries } from './kv.ts';
 export type {
   BackendKind,
   BackendOffer,

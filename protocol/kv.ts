@@ -14,14 +14,14 @@ export interface ScanOptions {
 const SCAN_TIMEOUT_MS = 60_000;
 
 /**
- * Every live entry of a bucket, decoded, in one pass of an ordered consumer over the last value of
- * each key. Not `kv.keys()` + a get per key: that is a request per key, and its key iterator ends
+ * The last entry of every key of a bucket (delete markers included), decoded, in one pass of an
+ * ordered consumer over the last value of each key. Not `kv.keys()` + a get per key: that is a request per key, and its key iterator ends
  * on a message whose `pending` is 0 or else on the consumer's idle heartbeat, so a bucket written
  * while it runs (sandboxes changing state) held a listing for 30 s. This one also ends once it
  * has seen the stream's last sequence as of just after the consumer was made: every key's last
  * value at that moment comes at or before it, in stream order.
  */
-export async function scanKv<T>(kv: KV, opts: ScanOptions = {}): Promise<Array<{ key: string; value: T; revision: number }>> {
+export async function scanKvEntries<T>(kv: KV, opts: ScanOptions = {}): Promise<Array<KvEntry<T>>> {
   if (!(kv instanceof Bucket)) throw new TypeError('scanKv: not a JetStream KV bucket');
   const deadline = opts.deadline ?? Date.now() + SCAN_TIMEOUT_MS;
   if (opts.signal?.aborted) throw new ProtocolError('CANCELLED', 'the listing was cancelled');
@@ -54,19 +54,35 @@ export async function scanKv<T>(kv: KV, opts: ScanOptions = {}): Promise<Array<{
       await iter.close().catch(() => {});
     }
   } finally {
-    // The server keeps an ordered consumer 5 minutes after its last use unless it is deleted, and
-    // signals every consumer of a stream on each write to it: one left by each scan (each node's
-    // at start, each `sandboxes.list`) made every directory write cost NATS more (160 nodes: ~160
-    // consumers on the directory's stream, a create cost NATS 1.36 ms of CPU).
+    // The server keeps an ordered consumer 5 minutes after its last use unless it is deleted: one
+    // left by each scan (each node's at start, each `sandboxes.list`, each retention sweep) kept
+    // ~160 per bucket on the servers of a 160-node fleet, each signalled on every write.
     void consumer.delete().catch(() => {});
   }
   if (why) throw why;
-  const out: Array<{ key: string; value: T; revision: number }> = [];
+  const out: Array<KvEntry<T>> = [];
   for (const [key, m] of latest) {
     const op = m.headers?.get('KV-Operation');
-    if (op === 'DEL' || op === 'PURGE') continue;
-    out.push({ key, value: decode(m.data) as T, revision: m.seq });
+    const at = Math.floor(m.info.timestampNanos / 1e6);
+    if (op === 'DEL' || op === 'PURGE') out.push({ key, revision: m.seq, at, deleted: true });
+    else out.push({ key, value: decode(m.data) as T, revision: m.seq, at });
   }
+  return out;
+}
+
+/** A key's last entry: its value, or the marker of its deletion. `at`: when it was written (ms since the epoch). */
+export type KvEntry<T> = { key: string; value: T; revision: number; at: number; deleted?: undefined } | { key: string; value?: undefined; revision: number; at: number; deleted: true };
+
+/** Removes a key's delete marker for good (a deleted key leaves one in the stream, read by every scan). */
+export async function dropMarker(kv: KV, key: string): Promise<void> {
+  if (!(kv instanceof Bucket)) throw new TypeError('dropMarker: not a JetStream KV bucket');
+  await kv.jsm.streams.purge(kv.stream, { filter: `$KV.${kv.bucket}.${key}`, keep: 0 });
+}
+
+/** Every live entry of a bucket, decoded, in one pass (scanKvEntries without the delete markers). */
+export async function scanKv<T>(kv: KV, opts: ScanOptions = {}): Promise<Array<{ key: string; value: T; revision: number }>> {
+  const out: Array<{ key: string; value: T; revision: number }> = [];
+  for (const e of await scanKvEntries<T>(kv, opts)) if (!e.deleted) out.push({ key: e.key, value: e.value, revision: e.revision });
   return out;
 }
 

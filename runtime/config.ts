@@ -43,6 +43,8 @@ export interface NodeConfig {
   waitForCapacity: { ms: number; maxWaiting: number };
   /** Placement: a node silent this long has its sandboxes marked `node_lost` (undefined: placement's default, 15 s). */
   nodeLostMs?: number;
+  /** Placement: how long an ended sandbox's record stays in the directory (PADDOCK_ENDED_RETENTION_SEC). */
+  endedRetentionMs: number;
   overcommit: { cpu: number; memory: number };
   maxSandboxes: number;
   /**
@@ -139,6 +141,7 @@ export const ENV_DOC: Record<string, string> = {
   PADDOCK_PLACEMENT: '1 = this node also runs a placement replica (default 1)',
   PADDOCK_WAIT_FOR_CAPACITY_MS: 'placement: how long a create waits for capacity the bridge promises (default 30000; 0: never waits)',
   PADDOCK_MAX_WAITING_CREATES: 'placement: creates one replica holds waiting for capacity at most (default 10000)',
+  PADDOCK_ENDED_RETENTION_SEC: 'placement: how long the directory keeps the record of a sandbox that has ended (stopped or failed), for sandboxes.get and listings with all (default 86400, a day)',
   PADDOCK_NODE_LOST_MS: "placement: a node silent this long (and ten of its heartbeats) has its sandboxes marked node_lost (default 15000); a node restarted after that does not take them up",
   PADDOCK_CPU_OVERCOMMIT: 'CPU capacity = cores × this (default 16)',
   PADDOCK_MEMORY_OVERCOMMIT: 'memory capacity = RAM × this (default 1.5)',
@@ -234,6 +237,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): NodeConfig {
     placement: (env.PADDOCK_PLACEMENT ?? '1') !== '0',
     waitForCapacity: { ms: env.PADDOCK_WAIT_FOR_CAPACITY_MS === '0' ? 0 : numEnv(env, 'PADDOCK_WAIT_FOR_CAPACITY_MS', 30_000), maxWaiting: numEnv(env, 'PADDOCK_MAX_WAITING_CREATES', 10_000) },
     ...(env.PADDOCK_NODE_LOST_MS ? { nodeLostMs: positiveEnv(env, 'PADDOCK_NODE_LOST_MS', 15_000) } : {}),
+    endedRetentionMs: 1000 * positiveEnv(env, 'PADDOCK_ENDED_RETENTION_SEC', 86_400),
     overcommit: { cpu: numEnv(env, 'PADDOCK_CPU_OVERCOMMIT', 16), memory: numEnv(env, 'PADDOCK_MEMORY_OVERCOMMIT', 1.5) },
     maxSandboxes: numEnv(env, 'PADDOCK_MAX_SANDBOXES', 4096),
     capacity: {

@@ -1,4 +1,7 @@
-/** The directory scan against a real nats-server: every key once, the latest value, deletes gone, and an end while it is written. */
+/**
+ * The directory scan against a real nats-server: every key once, the latest value, deletes gone,
+ * and an end while it is written; the removal of ended sandboxes' records past their retention.
+ */
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -7,7 +10,9 @@ import { Kvm } from '@nats-io/kv';
 import { connect } from '@nats-io/transport-node';
 import test from 'ava';
 import { startNats } from '../ops/nats.ts';
-import { encode, scanKv } from '../protocol/index.ts';
+import pino from 'pino';
+import { PlacementHost } from '../actors/placement-host.ts';
+import { Buckets, encode, ensureBucket, scanKv, scanKvEntries } from '../protocol/index.ts';
 
 test('scanKv: the last value of every live key, also while the bucket is written; cancel and deadline end it', async (t) => {
   const dir = await mkdtemp(join(tmpdir(), 'paddock-kv-'));
@@ -54,4 +59,39 @@ test('scanKv: the last value of every live key, also while the bucket is written
     if (left !== 0) await new Promise((r) => setTimeout(r, 100));
   }
   t.is(left, 0);
+});
+
+test('the directory keeps an ended sandbox for its retention, then removes it, and its marker a sweep later', async (t) => {
+  const dir = await mkdtemp(join(tmpdir(), 'paddock-kv-'));
+  const nats = await startNats({ dataDir: dir });
+  const nc = await connect({ servers: nats.url });
+  t.teardown(async () => {
+    await nc.close();
+    await nats.stop();
+    await rm(dir, { recursive: true, force: true });
+  });
+  const directory = await ensureBucket(nc, Buckets.sandboxes, { history: 1, replicas: 1 });
+  const nodes = await ensureBucket(nc, Buckets.nodes, { history: 1, replicas: 1 });
+  const host = new PlacementHost(nc, nodes, pino({ level: 'silent' }), undefined, { ms: 0, maxWaiting: 0, endedRetentionMs: 60_000, endedSweepMs: 10_000 });
+  const now = Date.now();
+  const rec = (id: string, state: string, endedAt?: number) => encode({ id, node: 'n1', state, createdAt: now - 3_600_000, ...(endedAt === undefined ? {} : { endedAt }) });
+  await directory.put('old-stopped', rec('old-stopped', 'stopped', now - 120_000));
+  await directory.put('old-failed', rec('old-failed', 'failed', now - 61_000));
+  await directory.put('new-stopped', rec('new-stopped', 'stopped', now - 1000));
+  await directory.put('running', rec('running', 'running'));
+  await directory.put('paused-long', rec('paused-long', 'paused'));
+  t.is(await host.sweepEnded(now), 2);
+  const left = async () => (await scanKv<{ state: string }>(directory)).map((e) => e.key).sort();
+  t.deepEqual(await left(), ['new-stopped', 'paused-long', 'running']);
+  t.is((await directory.get('old-stopped'))?.operation, 'DEL');
+  // The markers stay one sweep period (a reader that saw the record sees it go), then go too.
+  const markers = async () => (await scanKvEntries(directory)).filter((e) => e.deleted).length;
+  t.is(await host.sweepEnded(now + 1000), 0);
+  t.is(await markers(), 2);
+  t.is(await host.sweepEnded(Date.now() + 10_000), 0);
+  t.is(await markers(), 0);
+  t.deepEqual(await left(), ['new-stopped', 'paused-long', 'running']);
+  // The recent one goes once its time comes; a live one never.
+  t.is(await host.sweepEnded(now + 60_000), 1);
+  t.deepEqual(await left(), ['paused-long', 'running']);
 });

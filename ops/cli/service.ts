@@ -48,11 +48,11 @@ export async function placementCmd(a: Args): Promise<number> {
   const natsUrl = a.values.nats ?? process.env.NATS_URL;
   if (!natsUrl) throw new UsageError('placement: a replica joins an existing NATS: set NATS_URL or pass --nats');
   const { createLogger } = await import('../log.ts');
-  const { startPlacement } = await import('../placement-process.ts');
+  const { placementOptions, startPlacement } = await import('../placement-process.ts');
   const { loadConfig } = await import('../../runtime/config.ts');
   const log = createLogger('paddock-placement');
   const cfg = loadConfig();
-  const p = await startPlacement({ natsUrl, log, wait: { ...cfg.waitForCapacity, ...(cfg.nodeLostMs ? { lostAfterMs: cfg.nodeLostMs } : {}) } });
+  const p = await startPlacement({ natsUrl, log, wait: placementOptions(cfg) });
   log.info({ nats: natsUrl }, 'placement ready');
   return new Promise<number>((resolve) => {
     let stopping = false;
