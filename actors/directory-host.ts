@@ -158,7 +158,8 @@ export class DirectoryHost {
     const q = check(Schema.SandboxesListRequest, body, 'INVALID_REQUEST', 'sandboxes.list');
     const after = q.cursor === undefined ? undefined : parseCursor(q.cursor);
     const rows = selectSandboxes(
-      (await scanKv<SandboxInfo>(await this.directory())).map((e) => e.value),
+      // Keys with a dot are the directory's own marks (the last sweep), not sandboxes.
+      (await scanKv<SandboxInfo>(await this.directory())).flatMap((e) => (e.key.includes('.') ? [] : [e.value])),
       { ...q, ...(after ? { after } : {}) },
     );
     // A page ends at `limit` rows or when the next row would not fit the reply, whichever first.

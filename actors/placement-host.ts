@@ -34,6 +34,7 @@ import {
   scanKv,
   scanKvEntries,
   dropMarker,
+  claimPeriod,
   subjects,
   validateCreate,
   validateNodeGroup,
@@ -72,12 +73,15 @@ const LOST_SWEEP_MS = 2000;
 /** How long the directory keeps an ended sandbox's record (PADDOCK_ENDED_RETENTION_SEC). */
 const ENDED_RETENTION_MS = 86_400_000;
 /**
- * How often each replica removes records past their retention: a scan of the whole directory
- * (at 380,000 live, seconds of CPU and a few hundred MiB held while it runs), so rarely; each
- * replica on its own (a few per cluster, not one per node), its first at a random moment of the
- * period.
+ * How often the cluster removes records past their retention: a scan of the whole directory (at
+ * 380,000 live, seconds of CPU and a few hundred MiB held while it runs), so once an hour for the
+ * cluster, by whichever replica claims it (every node of `npm start` runs one).
  */
 const ENDED_SWEEP_MS = 60 * 60_000;
+/** How often each replica looks whether the cluster's sweep is due: a read of one key. */
+const ENDED_LOOK_MS = 5 * 60_000;
+/** The directory's key of the last sweep (`claimPeriod`): no sandbox id has a dot. */
+export const ENDED_SWEEP_KEY = 'sweep.ended';
 /** Sandbox states that have ended: a lost node's records in them stay as they are. */
 const ENDED = new Set(['stopped', 'failed']);
 
@@ -192,19 +196,22 @@ export class PlacementHost {
         .finally(() => (this.sweeping = false));
     }, LOST_SWEEP_MS);
     this.lostTimer.unref();
-    const period = this.wait.endedSweepMs ?? ENDED_SWEEP_MS;
+    const look = Math.min(ENDED_LOOK_MS, this.wait.endedSweepMs ?? ENDED_SWEEP_MS);
     const sweepAfter = (delay: number) => {
       const timer = setTimeout(() => {
-        void this.sweepEnded()
+        void this.directory
+          .directory()
+          .then((kv) => claimPeriod(kv, ENDED_SWEEP_KEY, this.wait.endedSweepMs ?? ENDED_SWEEP_MS, this.local?.id ?? 'placement'))
+          .then((mine) => (mine ? this.sweepEnded() : 0))
           .catch((err: unknown) => this.log.warn({ err }, 'removing ended sandboxes from the directory failed'))
           .finally(() => {
-            if (this.endedTimer === timer) sweepAfter(period);
+            if (this.endedTimer === timer) sweepAfter(look);
           });
       }, delay);
       timer.unref();
       this.endedTimer = timer;
     };
-    sweepAfter(Math.random() * period);
+    sweepAfter(look + Math.random() * look);
     const bridgeSub = this.nc.subscribe(subjects.bridgeState, {
       callback: (_e, m) => {
         try {
@@ -577,7 +584,8 @@ export class PlacementHost {
    * and then the delete markers that stood for records removed before the last sweep. Kept for
    * ever, every sandbox ever made stayed in the directory, and each listing and each node's start
    * read them all (a fleet of 160 that had made 10,000 sandboxes took 45 s to start instead of 12).
-   * A delete at the record's revision leaves alone one written since. Returns how many went.
+   * A delete at the record's revision leaves alone one written since. Returns how many went. The
+   * replicas' timer runs it once an hour for the cluster (claimPeriod); called directly, it runs.
    */
   async sweepEnded(now = Date.now()): Promise<number> {
     const kv = await this.directory.directory();
@@ -585,6 +593,7 @@ export class PlacementHost {
     const markersAfter = this.wait.endedSweepMs ?? ENDED_SWEEP_MS;
     let n = 0;
     for (const e of await scanKvEntries<SandboxInfo>(kv)) {
+      if (e.key === ENDED_SWEEP_KEY) continue;
       try {
         // A delete marker a sweep period old: every reader that saw the record has seen it go.
         if (e.deleted) {

@@ -17,7 +17,7 @@ import { JetStreamApiCodes, JetStreamApiError, type JetStreamClient, type JetStr
 import type { KV } from '@nats-io/kv';
 import type { NatsConnection } from '@nats-io/transport-node';
 import type { Logger } from 'pino';
-import { decode, encode, type ExecResult, type FilesWriteReply, fewerReplicasWarning, Limits, natsFailure, ProtocolError, scanKv, storeFull, subjects, toWireError } from '../protocol/index.ts';
+import { claimPeriod, type ExecResult, type FilesWriteReply, fewerReplicasWarning, Limits, natsFailure, ProtocolError, scanKv, storeFull, subjects, toWireError } from '../protocol/index.ts';
 import type { ChronusConfig } from './config.ts';
 import { ensureChronus, lastRecord, purgeRollout, recordedSteps, type StoredRecord } from './log.ts';
 import {
@@ -402,25 +402,10 @@ export class Journal implements StepJournal {
   /**
    * Whether this node sweeps now: one sweep per period for the whole cluster, not one per node. A
    * scan of the bucket makes and deletes a consumer (on a cluster, a proposal to every server
-   * each), and 160 nodes sweeping every minute kept an idle fleet's NATS making ~3 a second. The
-   * last sweep's time is a key of the bucket that no rollout can have (ids have no dot),
-   * taken by a write at its revision: of nodes that look at once, one wins.
+   * each), and 160 nodes sweeping every minute kept an idle fleet's NATS making ~3 a second.
    */
-  async claimSweep(now = Date.now()): Promise<boolean> {
-    const e = await this.rollouts.get(SWEEP_KEY);
-    const mark = encode({ at: now, node: this.o.nodeId });
-    if (e?.operation === 'PUT') {
-      const last = (decode(e.value) as { at?: unknown }).at;
-      if (typeof last === 'number' && now - last < this.o.config.sweepMs && last <= now) return false;
-      return this.rollouts.update(SWEEP_KEY, mark, e.revision).then(
-        () => true,
-        () => false,
-      );
-    }
-    return this.rollouts.create(SWEEP_KEY, mark).then(
-      () => true,
-      () => false,
-    );
+  claimSweep(now = Date.now()): Promise<boolean> {
+    return claimPeriod(this.rollouts, SWEEP_KEY, this.o.config.sweepMs, this.o.nodeId, now);
   }
 
   startSweeper(): void {

@@ -11,7 +11,7 @@ export type { ErrorCode, Fault, WireError } from './errors.ts';
 export { ErrorCodes, isErrorCode, natsFailure, ProtocolError, setStoreProbe, storeFull, toWireError, unavailable } from './errors.ts';
 export { newRolloutId, newSandboxId, newSnapshotId } from './ids.ts';
 export type { FewerReplicas, KvEntry, ScanOptions } from './kv.ts';
-export { dropMarker, ensureBucket, fewerReplicasWarning, replicasFor, scanKv, scanKvEntries } from './kv.ts';
+export { claimPeriod, dropMarker, ensureBucket, fewerReplicasWarning, replicasFor, scanKv, scanKvEntries } from './kv.ts';
 export type {
   BackendKind,
   BackendOffer,

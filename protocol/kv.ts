@@ -2,7 +2,7 @@
 import { DeliverPolicy, type JsMsg } from '@nats-io/jetstream';
 import { Bucket, type KV, Kvm } from '@nats-io/kv';
 import type { NatsConnection } from '@nats-io/transport-node';
-import { decode } from './codec.ts';
+import { decode, encode } from './codec.ts';
 import { ProtocolError } from './errors.ts';
 
 export interface ScanOptions {
@@ -72,6 +72,26 @@ export async function scanKvEntries<T>(kv: KV, opts: ScanOptions = {}): Promise<
 
 /** A key's last entry: its value, or the marker of its deletion. `at`: when it was written (ms since the epoch). */
 export type KvEntry<T> = { key: string; value: T; revision: number; at: number; deleted?: undefined } | { key: string; value?: undefined; revision: number; at: number; deleted: true };
+
+/**
+ * Whether the caller does a cluster-wide chore now: once per `periodMs` for the whole cluster, not
+ * once per process that could. When it was last done is `key` of `kv` (a key no record can have),
+ * taken by a write at its revision: of callers that look at once, one wins. A mark from the future
+ * (a clock ahead) is taken over rather than obeyed.
+ */
+export async function claimPeriod(kv: KV, key: string, periodMs: number, by: string, now = Date.now()): Promise<boolean> {
+  const e = await kv.get(key);
+  const mark = encode({ at: now, by });
+  const won = (p: Promise<unknown>) =>
+    p.then(
+      () => true,
+      () => false,
+    );
+  if (e?.operation !== 'PUT') return won(kv.create(key, mark));
+  const last = (decode(e.value) as { at?: unknown }).at;
+  if (typeof last === 'number' && last <= now && now - last < periodMs) return false;
+  return won(kv.update(key, mark, e.revision));
+}
 
 /** Removes a key's delete marker for good (a deleted key leaves one in the stream, read by every scan). */
 export async function dropMarker(kv: KV, key: string): Promise<void> {

@@ -11,8 +11,10 @@ import { connect } from '@nats-io/transport-node';
 import test from 'ava';
 import { startNats } from '../ops/nats.ts';
 import pino from 'pino';
-import { PlacementHost } from '../actors/placement-host.ts';
-import { Buckets, encode, ensureBucket, scanKv, scanKvEntries } from '../protocol/index.ts';
+import { DirectoryHost } from '../actors/directory-host.ts';
+import { ENDED_SWEEP_KEY, PlacementHost } from '../actors/placement-host.ts';
+import { Buckets, claimPeriod, encode, ensureBucket, scanKv, scanKvEntries } from '../protocol/index.ts';
+import { Paddock } from '../sdk/index.ts';
 
 test('scanKv: the last value of every live key, also while the bucket is written; cancel and deadline end it', async (t) => {
   const dir = await mkdtemp(join(tmpdir(), 'paddock-kv-'));
@@ -94,4 +96,17 @@ test('the directory keeps an ended sandbox for its retention, then removes it, a
   // The recent one goes once its time comes; a live one never.
   t.is(await host.sweepEnded(now + 60_000), 1);
   t.deepEqual(await left(), ['paused-long', 'running']);
+  // Once an hour for the cluster: the replica that claims the period sweeps, the others do not.
+  t.true(await claimPeriod(directory, ENDED_SWEEP_KEY, 3_600_000, 'a'));
+  t.false(await claimPeriod(directory, ENDED_SWEEP_KEY, 3_600_000, 'b'));
+  t.true(await claimPeriod(directory, ENDED_SWEEP_KEY, 3_600_000, 'b', Date.now() + 3_600_000));
+  // The mark is the directory's, not a sandbox: listings do not show it, and a sweep leaves it.
+  const dh = new DirectoryHost(nc, pino({ level: 'silent' }));
+  dh.start();
+  t.teardown(() => dh.stop());
+  const pdk = await Paddock.connect({ servers: nats.url });
+  t.teardown(() => pdk.close());
+  t.deepEqual((await pdk.sandboxes.list({ all: true })).map((s) => s.id).sort(), ['paused-long', 'running']);
+  t.is(await host.sweepEnded(Date.now() + 86_400_000), 0);
+  t.is((await directory.get(ENDED_SWEEP_KEY))?.operation, 'PUT');
 });
