@@ -126,7 +126,7 @@ export interface PlacementOptions {
   lostAfterMs?: number;
   /** How long an ended sandbox's record stays in the directory (ENDED_RETENTION_MS when absent). */
   endedRetentionMs?: number;
-  /** How often this replica removes records past that (ENDED_SWEEP_MS when absent). */
+  /** How often the cluster removes records past that, and markers that old (ENDED_SWEEP_MS when absent). */
   endedSweepMs?: number;
 }
 
@@ -595,7 +595,8 @@ export class PlacementHost {
     for (const e of await scanKvEntries<SandboxInfo>(kv)) {
       if (e.key === ENDED_SWEEP_KEY) continue;
       try {
-        // A delete marker a sweep period old: every reader that saw the record has seen it go.
+        // A delete marker a sweep period old: every reader that saw the record has seen it go, and
+        // nothing writes its key again (ids are random; a create sent again comes within minutes).
         if (e.deleted) {
           if (now - e.at >= markersAfter) await dropMarker(kv, e.key);
         } else if (ENDED.has(e.value.state) && typeof e.value.endedAt === 'number' && now - e.value.endedAt >= keep) {
