@@ -38,6 +38,7 @@ export async function startPlacement(o: { natsUrl: string; log: Logger; wait?: P
     throw e;
   }
 }
+
 /** A placement replica's options from a node's configuration. */
 export function placementOptions(cfg: Pick<NodeConfig, 'waitForCapacity' | 'nodeLostMs' | 'endedRetentionMs'>): PlacementOptions {
   return { ...cfg.waitForCapacity, ...(cfg.nodeLostMs ? { lostAfterMs: cfg.nodeLostMs } : {}), endedRetentionMs: cfg.endedRetentionMs };

@@ -15,11 +15,12 @@ const SCAN_TIMEOUT_MS = 60_000;
 
 /**
  * The last entry of every key of a bucket (delete markers included), decoded, in one pass of an
- * ordered consumer over the last value of each key. Not `kv.keys()` + a get per key: that is a request per key, and its key iterator ends
- * on a message whose `pending` is 0 or else on the consumer's idle heartbeat, so a bucket written
- * while it runs (sandboxes changing state) held a listing for 30 s. This one also ends once it
- * has seen the stream's last sequence as of just after the consumer was made: every key's last
- * value at that moment comes at or before it, in stream order.
+ * ordered consumer over the last value of each key. Not `kv.keys()` + a get per key: that is a
+ * request per key, and its key iterator ends on a message whose `pending` is 0 or else on the
+ * consumer's idle heartbeat, so a bucket written while it runs (sandboxes changing state) held a
+ * listing for 30 s. This one also ends once it has seen the stream's last sequence as of just
+ * after the consumer was made: every key's last value at that moment comes at or before it, in
+ * stream order.
  */
 export async function scanKvEntries<T>(kv: KV, opts: ScanOptions = {}): Promise<Array<KvEntry<T>>> {
   if (!(kv instanceof Bucket)) throw new TypeError('scanKv: not a JetStream KV bucket');

@@ -8,7 +8,7 @@ import { join } from 'node:path';
 import { jetstreamManager } from '@nats-io/jetstream';
 import { Kvm } from '@nats-io/kv';
 import { connect } from '@nats-io/transport-node';
-import test from 'ava';
+import test, { type ExecutionContext } from 'ava';
 import { startNats } from '../ops/nats.ts';
 import pino from 'pino';
 import { DirectoryHost } from '../actors/directory-host.ts';
@@ -16,7 +16,8 @@ import { ENDED_SWEEP_KEY, PlacementHost } from '../actors/placement-host.ts';
 import { Buckets, claimPeriod, encode, ensureBucket, scanKv, scanKvEntries } from '../protocol/index.ts';
 import { Paddock } from '../sdk/index.ts';
 
-test('scanKv: the last value of every live key, also while the bucket is written; cancel and deadline end it', async (t) => {
+/** A nats-server of the test's own, with a connection, both gone at its end. */
+async function natsFor(t: ExecutionContext) {
   const dir = await mkdtemp(join(tmpdir(), 'paddock-kv-'));
   const nats = await startNats({ dataDir: dir });
   const nc = await connect({ servers: nats.url });
@@ -25,6 +26,11 @@ test('scanKv: the last value of every live key, also while the bucket is written
     await nats.stop();
     await rm(dir, { recursive: true, force: true });
   });
+  return { nats, nc };
+}
+
+test('scanKv: the last value of every live key, also while the bucket is written; cancel and deadline end it', async (t) => {
+  const { nc } = await natsFor(t);
   const kv = await new Kvm(nc).create('scan', { history: 1 });
   t.deepEqual(await scanKv(kv), []);
   for (let i = 0; i < 500; i++) await kv.put(`k${i}`, encode({ i, v: 1 }));
@@ -64,14 +70,7 @@ test('scanKv: the last value of every live key, also while the bucket is written
 });
 
 test('the directory keeps an ended sandbox for its retention, then removes it, and its marker a sweep later', async (t) => {
-  const dir = await mkdtemp(join(tmpdir(), 'paddock-kv-'));
-  const nats = await startNats({ dataDir: dir });
-  const nc = await connect({ servers: nats.url });
-  t.teardown(async () => {
-    await nc.close();
-    await nats.stop();
-    await rm(dir, { recursive: true, force: true });
-  });
+  const { nats, nc } = await natsFor(t);
   const directory = await ensureBucket(nc, Buckets.sandboxes, { history: 1, replicas: 1 });
   const nodes = await ensureBucket(nc, Buckets.nodes, { history: 1, replicas: 1 });
   const host = new PlacementHost(nc, nodes, pino({ level: 'silent' }), undefined, { ms: 0, maxWaiting: 0, endedRetentionMs: 60_000, endedSweepMs: 10_000 });
