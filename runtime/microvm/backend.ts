@@ -40,7 +40,7 @@
 import { type ChildProcess, spawn } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
 import { closeSync, existsSync, mkdirSync, openSync, readFileSync } from 'node:fs';
-import { chmod, chown, copyFile, mkdir, readdir, readFile, rename, rm, stat, writeFile } from 'node:fs/promises';
+import { chmod, chown, copyFile, mkdir, open, readdir, readFile, rename, rm, stat, writeFile } from 'node:fs/promises';
 import { createConnection, createServer, type Socket } from 'node:net';
 import { constants as osConstants } from 'node:os';
 import { basename, join } from 'node:path';
@@ -493,7 +493,10 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore, Mov
     if (!t) {
       t = this.makeTemplate(key, shape, refs, image);
       this.templates.set(key, t);
-      t.catch(() => this.templates.delete(key));
+      t.then(
+        (tmpl) => cacheRam(tmpl).catch((err: unknown) => this.o.log?.warn({ err, key }, `${this.kind}: reading a template's RAM file into the page cache failed`)),
+        () => this.templates.delete(key),
+      );
     }
     return t;
   }
@@ -907,9 +910,7 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore, Mov
    * reads through to the template file, and where that file has a hole (memory the template's
    * guest never used) the kernel first allocates and zeroes a page-cache page for it: measured
    * here, ~0.7 s of a 512 MiB VM's ~1.2 s hibernate, and ~0.5 s for one right after, while those
-   * pages are still cached. Reading the file ahead did not keep them: of 480 MiB cached after the
-   * read, 180 MiB were left a few seconds later (fincore), and the first hibernate took 1.16 s
-   * instead of 1.28 s.
+   * pages are still cached. So the node reads each template's file once when it has it (cacheRam).
    */
   private async save(from: Sender, file: string, base?: Template): Promise<number> {
     const q = from.qmp;
@@ -1257,6 +1258,29 @@ async function shareReadOnly(dir: string): Promise<void> {
   }
   await chown(dir, 0, 0);
   await chmod(dir, 0o755);
+}
+
+/**
+ * Reads a template's RAM file once, by the node, so that its pages are in the page cache before a
+ * clone is saved. Saving a clone reads every page of its RAM (save), and each one it never wrote
+ * reads through to this file, where memory the template's guest never used is a hole: a page that
+ * is not cached is allocated and zeroed on that save's path, and charged to the VMM's memory
+ * cgroup, bounded to its guest's RAM, whose reclaim drops it again. Read by the node, the pages
+ * are the node's and stay, clean and reclaimable under pressure like any cache: measured here on a
+ * 512 MiB VM, 512 of 512 MiB still cached after 5 s, and a first hibernate of 0.70 s instead of
+ * 1.15–1.35 s. The cost is the template's RAM in page cache, once per template on the node.
+ */
+async function cacheRam(tmpl: Template): Promise<void> {
+  const f = await open(join(tmpl.dir, 'mem'), 'r');
+  try {
+    const buf = Buffer.allocUnsafe(1024 * 1024);
+    for (let at = 0; ; at += buf.length) {
+      const { bytesRead } = await f.read(buf, 0, buf.length, at);
+      if (bytesRead < buf.length) break;
+    }
+  } finally {
+    await f.close();
+  }
 }
 
 const NETRELAY_SOURCE = sourceFile('runtime/microvm/netrelay.c');
