@@ -78,6 +78,17 @@ test('hibernate ends the VMM; restore brings back its processes and files', asyn
   t.teardown(() => sb.kill().catch(() => {}));
   await sb.exec(['sh', '-c', 'sleep 1000 >/dev/null 2>&1 & echo $! > /tmp/pid']);
   await sb.files.write('/tmp/kept', 'kept');
+  // Its template's RAM file is read in whole and mapped by the node's holder (ramhold.c): saving
+  // a clone reads every page of it, and none is allocated on that path.
+  const tdir = join(t.context.home, 'nodes', t.context.cluster.nodes[0]?.id ?? '', 'microvm', 'templates');
+  const mems = readdirSync(tdir).map((d) => join(tdir, d, 'mem'));
+  t.true(mems.length > 0);
+  const held = await eventually(async () => {
+    const holders = execFileSync('pgrep', ['-f', '/ramhold-'], { encoding: 'utf8' }).split('\n').filter(Boolean);
+    const maps = holders.map((p) => readFileSync(`/proc/${p}/maps`, 'utf8')).join('');
+    return mems.every((f) => maps.includes(f) && Number(execFileSync('fincore', ['--bytes', '--noheadings', '--output', 'RES', f], { encoding: 'utf8' })) === statSync(f).size);
+  });
+  t.true(held, `${mems.join(', ')} held in memory`);
   const before = qemuPids(t.context.home).length;
   const h = await sb.hibernate();
   t.is(h.state, 'hibernated');

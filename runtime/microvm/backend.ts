@@ -40,7 +40,7 @@
 import { type ChildProcess, spawn } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
 import { closeSync, existsSync, mkdirSync, openSync, readFileSync } from 'node:fs';
-import { chmod, chown, copyFile, mkdir, open, readdir, readFile, rename, rm, stat, writeFile } from 'node:fs/promises';
+import { chmod, chown, copyFile, mkdir, readdir, readFile, rename, rm, stat, writeFile } from 'node:fs/promises';
 import { createConnection, createServer, type Socket } from 'node:net';
 import { constants as osConstants } from 'node:os';
 import { basename, join } from 'node:path';
@@ -57,6 +57,7 @@ import { AgentChannel, T } from './channel.ts';
 import { type Jailed, VmmJail } from './jail.ts';
 import { type GuestBoot, guestBoot, hostTscKhz } from './kernel.ts';
 import { Qmp } from './qmp.ts';
+import { RamHold } from './ramhold.ts';
 
 /** A VMM's sockets: under its directory, or under /run when that path is too long (sockPath). */
 const SOCKETS = ['qmp.sock', 'agent.sock', 'vnc.sock', 'net.sock'];
@@ -330,6 +331,7 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore, Mov
   /** The state filter (vmdiff.c) and QEMU's launcher (vmm-exec.c), built by init. */
   private vmdiff?: string;
   private vmmExec?: string;
+  private ramhold?: RamHold;
   private readonly spare = new Map<string, Promise<Vmm>[]>();
   private boot?: GuestBoot;
   private tsc?: number;
@@ -370,6 +372,7 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore, Mov
     // Built now, not on a first hibernate's path (a static build takes ~0.5 s).
     this.vmdiff = await buildStaticBinary(VMDIFF_SOURCE, this.o.binDir, 'vmdiff', 'Hibernation of VMs');
     this.vmmExec = await buildStaticBinary(VMM_EXEC_SOURCE, this.o.binDir, 'vmm-exec', 'VMMs');
+    this.ramhold = new RamHold(await buildStaticBinary(RAMHOLD_SOURCE, this.o.binDir, 'ramhold', 'Templates of VMs'));
     this.tsc = await hostTscKhz();
     this.accel = this.o.accel ?? (existsSync('/dev/kvm') ? 'kvm' : 'tcg');
   }
@@ -494,7 +497,7 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore, Mov
       t = this.makeTemplate(key, shape, refs, image);
       this.templates.set(key, t);
       t.then(
-        (tmpl) => cacheRam(tmpl).catch((err: unknown) => this.o.log?.warn({ err, key }, `${this.kind}: reading a template's RAM file into the page cache failed`)),
+        (tmpl) => this.ramhold?.hold(join(tmpl.dir, 'mem')).catch((err: unknown) => this.o.log?.warn({ err, key }, `${this.kind}: holding a template's RAM file in the page cache failed`)),
         () => this.templates.delete(key),
       );
     }
@@ -910,7 +913,7 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore, Mov
    * reads through to the template file, and where that file has a hole (memory the template's
    * guest never used) the kernel first allocates and zeroes a page-cache page for it: measured
    * here, ~0.7 s of a 512 MiB VM's ~1.2 s hibernate, and ~0.5 s for one right after, while those
-   * pages are still cached. So the node reads each template's file once when it has it (cacheRam).
+   * pages are still cached. So the node keeps each template's file mapped (ramhold.c).
    */
   private async save(from: Sender, file: string, base?: Template): Promise<number> {
     const q = from.qmp;
@@ -1243,6 +1246,7 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore, Mov
     await Promise.all([...this.vms.keys()].map((id) => this.destroy(id)));
     await this.egress.close();
     await this.jail.close();
+    this.ramhold?.close();
   }
 }
 
@@ -1258,29 +1262,6 @@ async function shareReadOnly(dir: string): Promise<void> {
   }
   await chown(dir, 0, 0);
   await chmod(dir, 0o755);
-}
-
-/**
- * Reads a template's RAM file once, by the node, so that its pages are in the page cache before a
- * clone is saved. Saving a clone reads every page of its RAM (save), and each one it never wrote
- * reads through to this file, where memory the template's guest never used is a hole: a page that
- * is not cached is allocated and zeroed on that save's path, and charged to the VMM's memory
- * cgroup, bounded to its guest's RAM, whose reclaim drops it again. Read by the node, the pages
- * are the node's and stay, clean and reclaimable under pressure like any cache: measured here on a
- * 512 MiB VM, 512 of 512 MiB still cached after 5 s, and a first hibernate of 0.70 s instead of
- * 1.15–1.35 s. The cost is the template's RAM in page cache, once per template on the node.
- */
-async function cacheRam(tmpl: Template): Promise<void> {
-  const f = await open(join(tmpl.dir, 'mem'), 'r');
-  try {
-    const buf = Buffer.allocUnsafe(1024 * 1024);
-    for (let at = 0; ; at += buf.length) {
-      const { bytesRead } = await f.read(buf, 0, buf.length, at);
-      if (bytesRead < buf.length) break;
-    }
-  } finally {
-    await f.close();
-  }
 }
 
 const NETRELAY_SOURCE = sourceFile('runtime/microvm/netrelay.c');
@@ -1305,6 +1286,7 @@ const TCG_GUEST_ARGS = ['tsc=reliable'];
 
 const VMDIFF_SOURCE = sourceFile('runtime/microvm/vmdiff.c');
 const VMM_EXEC_SOURCE = sourceFile('runtime/microvm/vmm-exec.c');
+const RAMHOLD_SOURCE = sourceFile('runtime/microvm/ramhold.c');
 
 /** The RAM block of guest memory: the memory backend's id (start's `-object memory-backend-file,id=mem`). */
 const RAM_BLOCK = 'mem';
