@@ -57,6 +57,19 @@ export interface StartNatsOptions {
   cluster?: { serverName: string; name: string; port: number; routes: string[] };
 }
 
+/**
+ * Go returns freed heap to the kernel with MADV_DONTNEED by default, and nats-server, relaying a
+ * stream, touched those pages again at once: 107–158 page faults per MiB relayed, at ~13 µs each
+ * on this kind of VM. With madvdontneed=0 Go uses MADV_FREE, and the kernel takes such pages only
+ * under memory pressure: 2–17 faults per MiB, and nats-server's CPU per MiB 6.8–7.6 → 5.2–5.9 ms.
+ * A GODEBUG that already says madvdontneed wins.
+ */
+export function natsEnv(env: NodeJS.ProcessEnv): NodeJS.ProcessEnv {
+  const g = env.GODEBUG;
+  if (g?.includes('madvdontneed')) return env;
+  return { ...env, GODEBUG: g ? `${g},madvdontneed=0` : 'madvdontneed=0' };
+}
+
 export async function startNats(opts: StartNatsOptions): Promise<EmbeddedNats> {
   await mkdir(opts.dataDir, { recursive: true });
   const portsDir = join(opts.dataDir, 'ports');
@@ -76,6 +89,7 @@ export async function startNats(opts: StartNatsOptions): Promise<EmbeddedNats> {
   const proc = spawn('setpriv', ['--pdeathsig', 'TERM', '--', 'nats-server', '-c', conf, '-a', '127.0.0.1', '-p', String(opts.port ?? -1), '-js', '-sd', natsStoreDir(opts.dataDir), '--ports_file_dir', portsDir, ...(opts.httpPort ? ['-m', String(opts.httpPort)] : [])], {
     stdio: ['ignore', 'ignore', 'pipe'],
     detached: true,
+    env: natsEnv(process.env),
   });
   const log = opts.logFile ? rotatingLog(opts.logFile) : undefined;
   let stderr = '';

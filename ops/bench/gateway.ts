@@ -23,6 +23,7 @@ import { performance } from 'node:perf_hooks';
 import { fileURLToPath } from 'node:url';
 import { connect } from '@nats-io/transport-node';
 import { Paddock } from '../../sdk/index.ts';
+import { allocatorEnv } from '../launch.ts';
 import { startLocalCluster } from '../local.ts';
 import { cleanUp, cleanUpOnSignals, nJsonArgs, onCleanup, progress, runMain } from './harness.ts';
 import { round3, summarize } from './stats.ts';
@@ -111,7 +112,7 @@ await nc.flush(); await nc.close();`;
 }
 
 async function startGatewayProcess(natsUrl: string): Promise<{ proc: ChildProcess; url: string }> {
-  const proc = spawn(process.execPath, ['--import', 'tsx', join(ROOT, 'ops/gateway/main.ts')], { cwd: ROOT, env: { ...process.env, NATS_URL: natsUrl, PADDOCK_HTTP_PORT: '0' }, stdio: ['ignore', 'pipe', 'inherit'] });
+  const proc = spawn(process.execPath, ['--import', 'tsx', join(ROOT, 'ops/gateway/main.ts')], { cwd: ROOT, env: { ...process.env, ...allocatorEnv(), NATS_URL: natsUrl, PADDOCK_HTTP_PORT: '0' }, stdio: ['ignore', 'pipe', 'inherit'] });
   const url = await new Promise<string>((resolve, reject) => {
     let out = '';
     proc.stdout?.on('data', (d) => {
