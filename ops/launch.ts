@@ -35,8 +35,23 @@ export function nodeEntry(): { main: string; execArgv: string[] } {
  */
 const ALLOCATOR_ENV: Record<string, string> = { MALLOC_TRIM_THRESHOLD_: String(32 << 20), MALLOC_TOP_PAD_: String(16 << 20), MALLOC_MMAP_THRESHOLD_: String(4 << 20) };
 
+/** Names the variables allocatorEnv set, for the process to take them out again (dropAllocatorEnv). */
+const ALLOCATOR_MARK = 'PADDOCK_ALLOCATOR_SET';
+
 export function allocatorEnv(env: NodeJS.ProcessEnv = process.env): Record<string, string> {
-  return Object.fromEntries(Object.entries(ALLOCATOR_ENV).filter(([k]) => env[k] === undefined));
+  const set = Object.fromEntries(Object.entries(ALLOCATOR_ENV).filter(([k]) => env[k] === undefined));
+  return Object.keys(set).length > 0 ? { ...set, [ALLOCATOR_MARK]: Object.keys(set).join(',') } : {};
+}
+
+/**
+ * Takes the variables allocatorEnv set out of this process's environment, once glibc has read
+ * them at its start: what the node starts (QEMU, crun, its spawner) inherits the node's
+ * environment, and a VMM under a memory bound of its guest's RAM plus a measured overhead must
+ * not keep up to 32 MiB of freed heap, nor grow its heap 16 MiB at a time.
+ */
+export function dropAllocatorEnv(): void {
+  for (const k of (process.env[ALLOCATOR_MARK] ?? '').split(',')) if (k in ALLOCATOR_ENV) delete process.env[k];
+  delete process.env[ALLOCATOR_MARK];
 }
 
 /** The command line that runs a node: `unshare … node dist/ops/node-main.js` (nodeEntry). */

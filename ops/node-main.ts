@@ -11,7 +11,7 @@ import { join } from 'node:path';
 import { logsDir } from '../protocol/discovery.ts';
 import { setStoreProbe } from '../protocol/index.ts';
 import { loadConfig } from '../runtime/config.ts';
-import { NS_MARK, nodeCommand } from './launch.ts';
+import { dropAllocatorEnv, NS_MARK, nodeCommand } from './launch.ts';
 import { createLogger } from './log.ts';
 import { metricsSpanProcessor } from './metrics.ts';
 import { storeFullProbe } from './nats.ts';
@@ -31,6 +31,7 @@ async function main(): Promise<void> {
     child.on('exit', (code, signal) => process.exit(code ?? (signal ? 1 : 0)));
     return;
   }
+  dropAllocatorEnv();
   const cfg = loadConfig();
   const log = createLogger('paddock-node', cfg.logLevel).child({ node: cfg.nodeId });
   setupTelemetry('paddock-node', { tracesFile: join(logsDir(cfg.home), `traces-node-${cfg.nodeId}.jsonl`), instanceId: cfg.nodeId, processors: [metricsSpanProcessor()] });

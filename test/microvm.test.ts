@@ -89,6 +89,14 @@ test('hibernate ends the VMM; restore brings back its processes and files', asyn
     return mems.every((f) => maps.includes(f) && Number(execFileSync('fincore', ['--bytes', '--noheadings', '--output', 'RES', f], { encoding: 'utf8' })) === statSync(f).size);
   });
   t.true(held, `${mems.join(', ')} held in memory`);
+  // The node's allocator settings (ops/launch.ts) are the node's: its VMMs, bounded to their
+  // guest's RAM plus an overhead, start with glibc's defaults.
+  const environ = (pid: number) => readFileSync(`/proc/${pid}/environ`, 'utf8').split('\0');
+  const nodePid = t.context.cluster.nodes[0]?.proc.pid as number;
+  if (process.env.MALLOC_TRIM_THRESHOLD_ === undefined) {
+    t.true(environ(nodePid).includes(`MALLOC_TRIM_THRESHOLD_=${32 << 20}`), 'the node started with them');
+    for (const q of qemuPids(t.context.home)) t.false(environ(q).some((e) => e.startsWith('MALLOC_')), `QEMU ${q} did not inherit them`);
+  }
   const before = qemuPids(t.context.home).length;
   const h = await sb.hibernate();
   t.is(h.state, 'hibernated');
