@@ -231,11 +231,19 @@ async function qemuFloor(pid: number, home: string, shots: number): Promise<Floo
   const vmDir = dirname(pidfile);
   const tmplDir = dirname(/mem-path=([^,]+)/.exec(memArg)?.[1] ?? '');
   const dir = await mkdtemp(join(home, 'floor-'));
-  const args = argv.slice(1).map((a) => a.split(vmDir).join(dir));
+  // Its machine, without the jail: no chroot, user or seccomp filter of its own (this one reads
+  // its state with `exec:` and writes screendumps where this process reads them). In the VMM's
+  // mount namespace, the node's: a lazily loaded layer file is a FUSE mount of the node's.
+  const args: string[] = [];
+  const rest = argv.slice(1).map((a) => a.split(vmDir).join(dir));
+  for (let i = 0; i < rest.length; i++) {
+    if (['-chroot', '-runas', '-sandbox'].includes(rest[i] as string)) i++;
+    else args.push(rest[i] as string);
+  }
   const name = args.indexOf('-name');
   if (name >= 0) args[name + 1] = 'paddock-bench-floor';
   const errFd = openSync(join(dir, 'qemu.err'), 'a');
-  const proc: ChildProcess = spawn(argv[0] as string, args, { stdio: ['ignore', 'ignore', errFd] });
+  const proc: ChildProcess = spawn('nsenter', ['--target', String(pid), '--mount', '--', argv[0] as string, ...args], { stdio: ['ignore', 'ignore', errFd] });
   closeSync(errFd);
   const exited = new Promise<void>((r) => proc.once('exit', () => r()));
   const stop = async () => {
