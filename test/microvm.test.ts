@@ -20,6 +20,7 @@ import { VMM_OVERHEAD_MIB } from '../runtime/microvm/jail.ts';
 import { readText } from '../runtime/sync-read.ts';
 import type { Sandbox, SnapshotInfo } from '../sdk/index.ts';
 import { type ClusterContext, restartNode, SHARED_IMAGES, startTestCluster, stopTestCluster } from './helpers/cluster.ts';
+import { mappers, resident } from './helpers/pages.ts';
 import { eventually } from './helpers/wait.ts';
 
 const missing = [
@@ -84,9 +85,8 @@ test('hibernate ends the VMM; restore brings back its processes and files', asyn
   const mems = readdirSync(tdir).map((d) => join(tdir, d, 'mem'));
   t.true(mems.length > 0);
   const held = await eventually(async () => {
-    const holders = execFileSync('pgrep', ['-f', '/ramhold-'], { encoding: 'utf8' }).split('\n').filter(Boolean);
-    const maps = holders.map((p) => readFileSync(`/proc/${p}/maps`, 'utf8')).join('');
-    return mems.every((f) => maps.includes(f) && Number(execFileSync('fincore', ['--bytes', '--noheadings', '--output', 'RES', f], { encoding: 'utf8' })) === statSync(f).size);
+    const holders = execFileSync('pgrep', ['-f', '/ramhold-'], { encoding: 'utf8' }).split('\n').filter(Boolean).map(Number);
+    return mems.every((f) => mappers(holders, f).length > 0 && resident(f) === statSync(f).size);
   });
   t.true(held, `${mems.join(', ')} held in memory`);
   // The node's allocator settings (ops/launch.ts) are the node's: its VMMs, bounded to their

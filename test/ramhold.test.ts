@@ -11,23 +11,8 @@ import test from 'ava';
 import { RamHold } from '../runtime/microvm/ramhold.ts';
 import { sourceFile } from '../runtime/source.ts';
 import { buildStaticBinary } from '../runtime/static-binary.ts';
+import { mappers, resident } from './helpers/pages.ts';
 import { eventually } from './helpers/wait.ts';
-
-/** Bytes of `file` in the page cache (util-linux fincore). */
-function resident(file: string): number {
-  return Number(execFileSync('fincore', ['--bytes', '--noheadings', '--output', 'RES', file], { encoding: 'utf8' }).trim());
-}
-
-/** The processes that map `file` (their /proc/<pid>/maps name it). */
-function mappers(pids: number[], file: string): number[] {
-  return pids.filter((p) => {
-    try {
-      return execFileSync('cat', [`/proc/${p}/maps`], { encoding: 'utf8' }).includes(file);
-    } catch {
-      return false;
-    }
-  });
-}
 
 function holderPids(bin: string): number[] {
   try {

@@ -7,6 +7,7 @@ import { createInterface } from 'node:readline';
 
 export class RamHold {
   private proc?: ChildProcess;
+  /** What it maps: mapped again by a holder started after one that died. */
   private readonly held = new Set<string>();
   private waiting: Array<{ resolve: () => void; reject: (e: Error) => void }> = [];
   private closed = false;
@@ -17,8 +18,9 @@ export class RamHold {
   hold(file: string): Promise<void> {
     if (this.closed) return Promise.reject(new Error('ramhold: closed'));
     if (file.includes('\n')) return Promise.reject(new Error(`ramhold: a path with a newline: ${JSON.stringify(file)}`));
-    this.held.add(file);
-    return this.ask(file);
+    return this.ask(file).then(() => {
+      this.held.add(file);
+    });
   }
 
   private ask(file: string): Promise<void> {
