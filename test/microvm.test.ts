@@ -63,6 +63,8 @@ test('create → exec uname -r in a guest kernel of its own; files; stdin', asyn
   t.is(r.exitCode, 0);
   t.regex(r.stdout, /cloud-amd64/);
   t.not(r.stdout.trim(), execFileSync('uname', ['-r'], { encoding: 'utf8' }).trim());
+  // An idle guest's timers that woke its vCPU are off (GUEST_ARGS): the kernel took them from its command line.
+  t.is((await sb.exec(['cat', '/proc/sys/vm/compaction_proactiveness', '/proc/sys/vm/stat_interval'])).stdout, '0\n30\n');
   await sb.files.write('/tmp/a/b.txt', 'through the agent');
   t.is(await sb.files.readText('/tmp/a/b.txt'), 'through the agent');
   t.true((await sb.files.list('/tmp/a')).some((e) => e.name === 'b.txt' && e.type === 'file'));
