@@ -12,6 +12,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import anyTest, { type TestFn } from 'ava';
 import { WebSocket } from 'ws';
+import { qemuOf } from '../ops/bench/vm-readings.ts';
 import type { Sandbox } from '../sdk/index.ts';
 import { ARTIFACTS, keepScreenshot, startBrowser } from './helpers/browser.ts';
 import { type ClusterContext, logNodesOnFailure, startTestCluster, stopTestCluster } from './helpers/cluster.ts';
@@ -28,14 +29,6 @@ type Ctx = ClusterContext & { desktop: Sandbox; ocrDir: string };
 const ctxTest = anyTest as TestFn<Ctx>;
 const test = missing.length > 0 ? ctxTest.skip : ctxTest.serial;
 if (missing.length > 0) console.log(`fullvm tests skipped: needs ${missing.join(', ')}`);
-
-function qemuPids(home: string): number[] {
-  try {
-    return execFileSync('pgrep', ['-f', `qemu-system-x86_64.*${home}`], { encoding: 'utf8' }).split('\n').filter(Boolean).map(Number);
-  } catch {
-    return [];
-  }
-}
 
 /** What tesseract reads on a screenshot. */
 async function ocr(t: { context: Ctx }, png: Uint8Array): Promise<string> {
@@ -122,9 +115,10 @@ test('a terminal opened with a shortcut prints a token that a screenshot shows; 
   t.is(name.exitCode, 0, name.stderr);
   t.true(name.stdout.trim().length > 0);
 
-  const pids = qemuPids(t.context.home).length;
+  const own = await qemuOf(t.context.home, sb.id);
+  t.truthy(own, 'its VMM is found');
   t.is((await sb.hibernate()).state, 'hibernated');
-  t.is(qemuPids(t.context.home).length, pids - 1, 'the VMM exited');
+  t.false(existsSync(`/proc/${own}`), 'the VMM exited');
   t.is((await sb.restore()).state, 'running');
   const after = await waitForText(t, sb, token, 10);
   t.true(readsAs(after, token), `after restore, OCR found ${token} in: ${after}`);
@@ -220,9 +214,10 @@ test('the screen comes from the VMM: with the X server killed inside, a screensh
   const s = await sb.display.screenshot();
   t.is(s.width, 1024);
   t.truthy((await sb.computer({ action: 'left_click', coordinate: [5, 5] })).cursor);
-  const n = qemuPids(t.context.home).length;
+  const own = await qemuOf(t.context.home, sb.id);
+  t.truthy(own, 'its VMM is found');
   t.is((await sb.kill()).state, 'stopped');
-  t.is(qemuPids(t.context.home).length, n - 1, 'its VMM is gone');
+  t.false(existsSync(`/proc/${own}`), 'its VMM is gone');
 });
 
 /** An RFB session over the view's WebSocket, up to ServerInit: the screen size the VNC server announces. */
