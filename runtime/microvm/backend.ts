@@ -459,7 +459,7 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore, Mov
       throw new ProtocolError('BACKEND_FAILED', `microvm: QEMU exited: ${lastLines(join(dir, 'qemu.err')) || 'no message'}`);
     });
     gone.catch(() => {});
-    const qmp = await Promise.race([Qmp.open(sockPath(dir, 'qmp.sock')), gone]);
+    const qmp = await Promise.race([Qmp.open(sockPath(dir, 'qmp.sock'), undefined, () => lastLines(join(dir, 'qemu.err'))), gone]);
     return { dir, proc, qmp, jail, exited };
   }
 

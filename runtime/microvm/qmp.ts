@@ -9,15 +9,21 @@ export class Qmp {
   private greeted!: Promise<void>;
   closed = false;
 
-  private constructor(private readonly sock: Socket) {}
+  private constructor(
+    private readonly sock: Socket,
+    private readonly why: () => string,
+  ) {}
 
-  /** Connects (retrying while QEMU creates its socket) and leaves capabilities negotiation done. */
-  static async open(path: string, timeoutMs = 10_000): Promise<Qmp> {
+  /**
+   * Connects (retrying while QEMU creates its socket) and leaves capabilities negotiation done.
+   * `why`: what the VMM said before it went (its stderr's last lines), for the error then.
+   */
+  static async open(path: string, timeoutMs = 10_000, why: () => string = () => ''): Promise<Qmp> {
     const deadline = Date.now() + timeoutMs;
     for (;;) {
       try {
         const sock = await connectUnix(path);
-        const q = new Qmp(sock);
+        const q = new Qmp(sock, why);
         q.start();
         await q.greeted;
         await q.cmd('qmp_capabilities');
@@ -61,7 +67,7 @@ export class Qmp {
     const gone = () => {
       this.closed = true;
       fail(new Error('QMP socket closed'));
-      for (const w of this.waiting.values()) w.reject(new ProtocolError('BACKEND_FAILED', 'microvm: the VMM went away'));
+      for (const w of this.waiting.values()) w.reject(this.wentAway());
       this.waiting.clear();
     };
     this.sock.on('close', gone);
@@ -69,7 +75,7 @@ export class Qmp {
   }
 
   cmd<T = unknown>(execute: string, args?: Record<string, unknown>): Promise<T> {
-    if (this.closed) return Promise.reject(new ProtocolError('BACKEND_FAILED', 'microvm: the VMM went away'));
+    if (this.closed) return Promise.reject(this.wentAway());
     const id = String(++this.seq);
     return new Promise<T>((resolve, reject) => {
       this.waiting.set(id, { resolve: resolve as (v: unknown) => void, reject });
@@ -90,6 +96,11 @@ export class Qmp {
       }
       await new Promise((r) => setTimeout(r, 2));
     }
+  }
+
+  private wentAway(): ProtocolError {
+    const said = this.why();
+    return new ProtocolError('BACKEND_FAILED', `microvm: the VMM went away${said ? `: ${said}` : ''}`);
   }
 
   close(): void {
