@@ -475,8 +475,14 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore, Mov
     if (!v) return;
     v.agent?.close();
     v.qmp.close();
-    if (v.proc.exitCode === null && v.proc.signalCode === null) v.proc.kill('SIGKILL');
+    if (vmmRuns(v)) v.proc.kill('SIGKILL');
     await v.exited;
+  }
+
+  /** Stops a VMM no sandbox has (a spare, a blank one, one whose load failed) and removes its directory. */
+  private async discard(v: Vmm | undefined): Promise<void> {
+    await this.stopVmm(v);
+    if (v) await removeVmDir(v.dir);
   }
 
   // ─── templates ────────────────────────────────────────────────────────────────────────────
@@ -571,8 +577,7 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore, Mov
       v.loaded = true;
       await this.warmUp(v);
     } catch (e) {
-      await this.stopVmm(v);
-      await removeVmDir(v.dir);
+      await this.discard(v);
       throw e;
     }
     return v;
@@ -604,11 +609,8 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore, Mov
     const waiting = this.blank.get(tmpl.key);
     this.blank.delete(tmpl.key);
     const got = await waiting?.catch(() => undefined);
-    if (got && got.vmm.proc.exitCode === null && got.vmm.proc.signalCode === null && got.base === (await baseOf(tmpl).catch(() => ''))) return got.vmm;
-    if (got) {
-      await this.stopVmm(got.vmm);
-      await removeVmDir(got.vmm.dir);
-    }
+    if (got && vmmRuns(got.vmm) && got.base === (await baseOf(tmpl).catch(() => ''))) return got.vmm;
+    await this.discard(got?.vmm);
     return this.startClone(tmpl);
   }
 
@@ -635,12 +637,9 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore, Mov
       pool.push(p);
     }
     const v = got ? await got.catch(() => undefined) : undefined;
-    if (v && !v.agent?.broken && v.proc.exitCode === null && v.proc.signalCode === null) return v;
+    if (v && !v.agent?.broken && vmmRuns(v)) return v;
     // A spare that failed to start, or whose guest died while it waited: a VMM of its own instead.
-    if (v) {
-      await this.stopVmm(v);
-      await removeVmDir(v.dir);
-    }
+    await this.discard(v);
     return this.startClone(tmpl);
   }
 
@@ -764,8 +763,7 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore, Mov
       const vmm = await (from ? this.takeBlank(vm.tmpl) : this.takeVmm(vm.tmpl));
       const t2 = performance.now();
       vm.dir = vmm.dir;
-      await writeFile(join(vmm.dir, 'meta.json'), JSON.stringify({ id, template: vm.tmpl.key }));
-      await this.writeRecord(vm);
+      await this.claim(vm, vmm.dir);
       await this.incoming(vm, vmm, from?.state ?? join(vm.tmpl.dir, 'dev'));
       if (spec.network) await this.setNetwork(id, spec.network);
       if (from) this.startBlank(vm.tmpl);
@@ -783,6 +781,12 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore, Mov
 
   private recordFile(dir: string): string {
     return join(this.root, 'records', `${basename(dir)}.json`);
+  }
+
+  /** `dir` becomes `vm`'s: its id in the directory (meta.json, for recover's report) and its record. */
+  private async claim(vm: Vm, dir: string): Promise<void> {
+    await writeFile(join(dir, 'meta.json'), JSON.stringify({ id: vm.id, template: vm.tmpl.key }));
+    await this.writeRecord(vm, dir);
   }
 
   private async writeRecord(vm: Vm, dir = vm.dir): Promise<void> {
@@ -1020,8 +1024,7 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore, Mov
     try {
       vm.hibernated = undefined;
       await this.incoming(vm, vmm, state, async () => {
-        await writeFile(join(vmm.dir, 'meta.json'), JSON.stringify({ id, template: vm.tmpl.key }));
-        await this.writeRecord(vm, vmm.dir);
+        await this.claim(vm, vmm.dir);
         moved = true;
         await rm(this.recordFile(was), { force: true });
       });
@@ -1038,6 +1041,7 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore, Mov
       vm.vmm = undefined;
       vm.dir = was;
       await this.stopVmm(vmm);
+      // Its record back first: a directory without one is removed by recover.
       if (moved) {
         await this.writeRecord(vm);
         await rm(this.recordFile(vmm.dir), { force: true });
@@ -1297,24 +1301,10 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore, Mov
 
   async close(): Promise<void> {
     this.closed = true;
-    const blanks = [...this.blank.values()];
+    const waiting = [...[...this.blank.values()].map((p) => p.then((b) => b.vmm)), ...[...this.spare.values()].flat()];
     this.blank.clear();
-    await Promise.all(
-      blanks.map(async (p) => {
-        const b = await p.catch(() => undefined);
-        await this.stopVmm(b?.vmm);
-        if (b) await removeVmDir(b.vmm.dir);
-      }),
-    );
-    const spares = [...this.spare.values()].flat();
     this.spare.clear();
-    await Promise.all(
-      spares.map(async (p) => {
-        const v = await p.catch(() => undefined);
-        await this.stopVmm(v);
-        if (v) await removeVmDir(v.dir);
-      }),
-    );
+    await Promise.all(waiting.map(async (p) => this.discard(await p.catch(() => undefined))));
     await Promise.all([...this.vms.keys()].map((id) => this.destroy(id)));
     await this.egress.close();
     await this.jail.close();
@@ -1409,4 +1399,9 @@ function vgaMiB(s: ScreenSize): number {
   let m = 4;
   while (m < need) m *= 2;
   return Math.min(m, 256);
+}
+
+/** The VMM's QEMU has not exited. */
+function vmmRuns(v: Vmm): boolean {
+  return v.proc.exitCode === null && v.proc.signalCode === null;
 }
