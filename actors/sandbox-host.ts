@@ -583,9 +583,9 @@ export class SandboxHost {
       const log = this.log;
       // Publishing while NATS reconnects drops the message (the client keeps nothing for a server
       // it is not connected to): the stream's buffer keeps it for exec.resume.
-      const stream = new ExecStream((ev: ExecEvent) => {
+      const stream = new ExecStream((ev: ExecEvent, wire?: Uint8Array) => {
         try {
-          nc.publish(reply, encode(ev));
+          nc.publish(reply, wire ?? encode(ev));
         } catch (err) {
           log.debug({ err, execId }, 'stream event not sent; kept for exec.resume');
         }

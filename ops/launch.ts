@@ -54,6 +54,18 @@ export function dropAllocatorEnv(): void {
   delete process.env[ALLOCATOR_MARK];
 }
 
+/**
+ * V8's settings for a node. A node's heap is ~20 MiB until it holds many sandboxes, and V8 sized
+ * its old generation's limit to that: the output buffers a streamed exec holds for a few
+ * milliseconds (its resume buffer, what NATS has not taken yet) were promoted and tripped that
+ * limit, and the node ran a full mark-compact every ~60 ms while streaming (38–121 per 300 MiB,
+ * "finalize incremental marking via task"). Starting the limit at 64 MiB took that to 4–5, the
+ * node's CPU per streamed MiB from 6–12 ms to 2.5–3.5, and the SDK's stream in bench:gateway from
+ * 73–94 to 110–150 MiB/s. A busy node's heap is past 64 MiB anyway; an idle one may keep up to
+ * that much garbage a while longer.
+ */
+const NODE_V8_FLAGS = ['--initial-old-space-size=64'];
+
 /** The command line that runs a node: `unshare … node dist/ops/node-main.js` (nodeEntry). */
 export function nodeCommand(o: { dieWithParent?: boolean } = {}): { cmd: string; args: string[]; env: Record<string, string> } {
   // crun still writes <cgroupsPath>/cgroup.procs under `unified` once it is unmounted; a private
@@ -65,7 +77,7 @@ export function nodeCommand(o: { dieWithParent?: boolean } = {}): { cmd: string;
   // order and kills its sandboxes instead of running on with no one to stop it.
   // A bridge machine (bridge/providers/local) outlives the bridge that started it: a successor adopts it.
   const { main, execArgv } = nodeEntry();
-  const unshare = ['--mount', '--propagation', 'private', '--', '/bin/sh', '-c', `${prep}exec "$@"`, 'sh', process.execPath, ...execArgv, main];
+  const unshare = ['--mount', '--propagation', 'private', '--', '/bin/sh', '-c', `${prep}exec "$@"`, 'sh', process.execPath, ...NODE_V8_FLAGS, ...execArgv, main];
   if (o.dieWithParent === false) return { cmd: 'unshare', args: unshare, env: { [NS_MARK]: '1', ...allocatorEnv() } };
   return {
     cmd: 'setpriv',

@@ -2,7 +2,7 @@
 
 export type { Operation } from './api.ts';
 export { Operations, protocolJsonSchema, protocolTable } from './api.ts';
-export { decode, decodeRequest, encode } from './codec.ts';
+export { decode, decodeRequest, encode, encodeOutputEvent } from './codec.ts';
 export type { DirectoryQuery } from './directory.ts';
 export { LISTED_BY_DEFAULT, selectSandboxes } from './directory.ts';
 export { positiveEnv } from './env.ts';

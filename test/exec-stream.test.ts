@@ -2,7 +2,7 @@
 import { setImmediate as turn } from 'node:timers/promises';
 import test from 'ava';
 import { ExecStream, STREAM_BUFFER_BYTES, STREAM_CHUNK_BYTES } from '../actors/exec-stream.ts';
-import type { ExecEvent } from '../protocol/index.ts';
+import { decode, type ExecEvent } from '../protocol/index.ts';
 
 const b = (s: string) => Buffer.from(s);
 const text = (ev: ExecEvent) => ('d' in ev ? Buffer.from(ev.d).toString() : `<${ev.t}>`);
@@ -100,4 +100,28 @@ test('with a window, output past the last credit holds the command; a credit, a 
     now = true;
   });
   t.true(now);
+});
+
+test('output goes out as MessagePack any decoder reads, written once: the event sent is a view of it; resume sends the same bytes', async (t) => {
+  const sent: Array<{ ev: ExecEvent; wire?: Uint8Array }> = [];
+  const s = new ExecStream((ev, wire) => sent.push({ ev, ...(wire ? { wire } : {}) }));
+  s.output('err', b('ab'));
+  s.output('err', b('cd'));
+  await turn();
+  s.output('out', Buffer.alloc(STREAM_CHUNK_BYTES, 121));
+  s.emit({ t: 'exit', exitCode: 0, durationMs: 1, truncated: false, timedOut: false, verdict: 'OK' });
+  t.is(sent.length, 3);
+  const [first, chunk, exit] = sent as [{ ev: ExecEvent; wire: Uint8Array }, { ev: ExecEvent; wire: Uint8Array }, { ev: ExecEvent; wire?: Uint8Array }];
+  t.deepEqual(decode(first.wire), { t: 'err', s: 0, d: Buffer.from('abcd') });
+  t.is((first.ev as { d: Uint8Array }).d.buffer, first.wire.buffer, 'the output is not copied again');
+  const d = (decode(chunk.wire) as { d: Uint8Array }).d;
+  t.like(decode(chunk.wire), { t: 'out', s: 1 });
+  t.true(d.length === STREAM_CHUNK_BYTES && d.every((c) => c === 121));
+  t.is(exit.wire, undefined, 'other events are encoded by the sender');
+  sent.length = 0;
+  s.resume(0);
+  t.deepEqual(
+    sent.map((x) => x.wire),
+    [first.wire, chunk.wire, undefined],
+  );
 });

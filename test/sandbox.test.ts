@@ -92,6 +92,26 @@ test('execStream yields output as it comes, then the exit', async (t) => {
   t.is(exit, 5);
 });
 
+test('a streamed exec carries every byte in order, each stream apart, over many messages', async (t) => {
+  const sb = await t.context.pdk.sandboxes.create({});
+  t.teardown(() => sb.kill());
+  // ~2.6 MiB of stdout in pipe-sized writes, read by the node across many reads and sent in
+  // several events; stderr between them.
+  const n = 400_000;
+  const out: Buffer[] = [];
+  const err: Buffer[] = [];
+  for await (const ev of sb.execStream(['sh', '-c', `seq 1 ${n}; seq 1 1000 >&2; seq ${n + 1} ${n + 1000}`], { maxOutputBytes: 8 << 20 })) {
+    if (ev.type === 'stdout') out.push(Buffer.from(ev.data));
+    if (ev.type === 'stderr') err.push(Buffer.from(ev.data));
+  }
+  const lines = (from: number, to: number) => `${Array.from({ length: to - from + 1 }, (_, i) => from + i).join('\n')}\n`;
+  const got = Buffer.concat(out);
+  const want = Buffer.from(lines(1, n + 1000));
+  t.is(got.length, want.length);
+  t.true(got.equals(want), 'stdout byte for byte');
+  t.is(Buffer.concat(err).toString(), lines(1, 1000));
+});
+
 test('a streamed exec whose reader waits holds its command back; once it reads, every byte comes', async (t) => {
   const sb = await t.context.pdk.sandboxes.create({});
   t.teardown(() => sb.kill());

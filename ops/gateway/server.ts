@@ -15,7 +15,7 @@ import { GatewayError, httpError, sendError } from './errors.ts';
 import { type GatewayMetrics, gatewayMetrics } from './metrics.ts';
 import { openApiDocument } from './openapi.ts';
 import { type Route, Routes } from './routes.ts';
-import { Backlog, JsonText, SseWriter } from './sse.ts';
+import { Backlog, JsonText, SseWriter, slices } from './sse.ts';
 
 export interface GatewayOptions {
   pdk: Paddock;
@@ -272,8 +272,10 @@ function handlers(o: GatewayContext): Record<string, Handler> {
             await sse.event('gap', { events: ev.events, bytes: ev.bytes });
             continue;
           }
-          if (base64) await sse.event(ev.type, { data: Buffer.from(ev.data).toString('base64') });
-          else await sse.text(ev.type, text[ev.type].next(ev.data));
+          for (const [d] of slices(ev.data)) {
+            if (base64) await sse.event(ev.type, { data: Buffer.from(d.buffer, d.byteOffset, d.byteLength).toString('base64') });
+            else await sse.text(ev.type, text[ev.type].next(d));
+          }
         }
       });
       return reply;
@@ -333,8 +335,10 @@ function handlers(o: GatewayContext): Record<string, Handler> {
             await sse.event('gap', { stream: ev.stream, offset: ev.offset, bytes: ev.bytes });
             continue;
           }
-          if (base64) await sse.event(ev.type, { data: Buffer.from(ev.data).toString('base64'), offset: ev.offset });
-          else await sse.text(ev.type, text[ev.type].next(ev.data), ev.offset);
+          for (const [d, at] of slices(ev.data)) {
+            if (base64) await sse.event(ev.type, { data: Buffer.from(d.buffer, d.byteOffset, d.byteLength).toString('base64'), offset: ev.offset + at });
+            else await sse.text(ev.type, text[ev.type].next(d), ev.offset + at);
+          }
         }
         await endText(sse, text);
         if (!follow) await sse.event('end', {});

@@ -35,6 +35,23 @@ export class JsonText {
   }
 }
 
+/**
+ * The most output one SSE event carries. The node sends output in events of up to 256 KiB (fewer
+ * messages: half the node's and a third less of nats-server's CPU per MiB), but a string over
+ * V8's 128 KiB regular-object limit is a large object, mapped and unmapped on its own: the
+ * gateway then took ~480 page faults and 16 ms of CPU per MiB, against 10 ms in 64 KiB pieces.
+ */
+export const SSE_SLICE_BYTES = 64 * 1024;
+
+/** `d` in pieces of at most SSE_SLICE_BYTES, each with where it starts in `d`. */
+export function* slices(d: Uint8Array): Generator<[Uint8Array, number]> {
+  if (d.length <= SSE_SLICE_BYTES) {
+    yield [d, 0];
+    return;
+  }
+  for (let at = 0; at < d.length; at += SSE_SLICE_BYTES) yield [d.subarray(at, Math.min(d.length, at + SSE_SLICE_BYTES)), at];
+}
+
 export interface JsonLiteral {
   json: string;
   encoding: 'latin1' | 'utf8';
