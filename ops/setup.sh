@@ -68,9 +68,9 @@ fi
 
 # The compiled SDK and nodes (dist/, tsc) and the CLI's bundle (dist/cli/): rebuilt when a source is newer than the last build.
 # dist/.built, not tsc's .tsbuildinfo: a `tsc -p tsconfig.build.json --noEmit` rewrites the latter
-# without emitting anything, and dist/ would then look current when it is not.
+# without emitting anything, and dist/ would then look current when it is not. `npm run build`
+# touches it: a build by hand that left it old made nodes run from the sources through tsx.
 if [ ! -f dist/.built ] || [ -n "$(find protocol actors bridge chronus runtime ops sdk package.json tsconfig.json tsconfig.build.json -newer dist/.built \( -name '*.ts' -o -name '*.json' \) -print -quit)" ]; then
   echo "paddock: building dist/" >&2
   npm run -s build >&2
-  touch dist/.built
 fi
