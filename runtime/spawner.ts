@@ -139,13 +139,58 @@ interface Pending {
   disk?: { pid: number; fd: number };
 }
 
+/**
+ * The spawner's messages to the node: "<seq> <type> <code> <length>\n" then <length> bytes
+ * (spawner.c), cut from its stdout however the reads fall. A body is copied once, into a buffer of
+ * its own: most span two reads (reads are 64 KiB, as are the spawner's output messages), and
+ * joining each read to what was left of the last made a 128 KiB buffer per read, copied again for
+ * the output. Per streamed MiB that was ~7 MiB of short-lived ArrayBuffers in the node.
+ */
+export class Frames {
+  /** A header read so far (no newline yet), and a body being filled across reads. */
+  private head: Buffer = EMPTY;
+  private body: { head: string; into: Buffer; filled: number } | undefined;
+
+  constructor(private readonly onMessage: (head: string, body: Buffer) => void) {}
+
+  feed(d: Buffer): void {
+    let at = 0;
+    while (at < d.length) {
+      const body = this.body;
+      if (body) {
+        const n = Math.min(body.into.length - body.filled, d.length - at);
+        d.copy(body.into, body.filled, at, at + n);
+        body.filled += n;
+        at += n;
+        if (body.filled < body.into.length) return;
+        this.body = undefined;
+        this.onMessage(body.head, body.into);
+        continue;
+      }
+      const nl = d.indexOf(10, at);
+      if (nl < 0) {
+        this.head = Buffer.concat([this.head, d.subarray(at)]);
+        return;
+      }
+      const head = (this.head.length ? Buffer.concat([this.head, d.subarray(at, nl)]) : d.subarray(at, nl)).toString();
+      this.head = EMPTY;
+      at = nl + 1;
+      // The spawner is Paddock's own: a length that is not one reads as an empty body, as before.
+      const len = Math.max(0, Number(head.split(' ')[3]) || 0);
+      if (d.length - at >= len) {
+        this.onMessage(head, Buffer.from(d.subarray(at, at + len)));
+        at += len;
+      } else {
+        this.body = { head, into: Buffer.allocUnsafe(len), filled: 0 };
+      }
+    }
+  }
+}
+
 export class Spawner {
   private proc?: ChildProcess;
   private readonly pending = new Map<number, Pending>();
   private seq = 0;
-  /** A message's header read so far (no newline yet), and a body being filled across reads. */
-  private head: Buffer = EMPTY;
-  private body: { head: string; into: Buffer; filled: number } | undefined;
 
   private constructor(
     private readonly binary: string,
@@ -243,9 +288,8 @@ export class Spawner {
     if (this.o.seal) args.push(`seal=${this.o.seal}`);
     const proc = spawn(this.binary, args, { stdio });
     this.proc = proc;
-    this.head = EMPTY;
-    this.body = undefined;
-    proc.stdout?.on('data', (d: Buffer) => this.receive(d));
+    const frames = new Frames((head, body) => this.message(head, body));
+    proc.stdout?.on('data', (d: Buffer) => frames.feed(d));
     // A write to a spawner that just died: its exit below fails what was in flight.
     proc.stdin?.on('error', () => {});
     const gone = (why: string) => {
@@ -281,46 +325,6 @@ export class Spawner {
     return p;
   }
 
-  /**
-   * Messages: "<seq> <type> <code> <length>\n" then <length> bytes (spawner.c). A body is copied
-   * once, into a buffer of its own: most span two reads (reads are 64 KiB, as are the spawner's
-   * output messages), and joining each read to what was left of the last made a 128 KiB buffer per
-   * read, copied again for the output. Per streamed MiB that was ~7 MiB of short-lived
-   * ArrayBuffers in the node, enough to make V8 run a major GC several times a second.
-   */
-  private receive(d: Buffer): void {
-    let at = 0;
-    while (at < d.length) {
-      const body = this.body;
-      if (body) {
-        const n = Math.min(body.into.length - body.filled, d.length - at);
-        d.copy(body.into, body.filled, at, at + n);
-        body.filled += n;
-        at += n;
-        if (body.filled < body.into.length) return;
-        this.body = undefined;
-        this.message(body.head, body.into);
-        continue;
-      }
-      const nl = d.indexOf(10, at);
-      if (nl < 0) {
-        this.head = Buffer.concat([this.head, d.subarray(at)]);
-        return;
-      }
-      const head = (this.head.length ? Buffer.concat([this.head, d.subarray(at, nl)]) : d.subarray(at, nl)).toString();
-      this.head = EMPTY;
-      at = nl + 1;
-      // The spawner is Paddock's own: a length that is not one reads as an empty body, as before.
-      const len = Math.max(0, Number(head.split(' ')[3]) || 0);
-      if (d.length - at >= len) {
-        this.message(head, Buffer.from(d.subarray(at, at + len)));
-        at += len;
-      } else {
-        this.body = { head, into: Buffer.allocUnsafe(len), filled: 0 };
-      }
-    }
-  }
-
   private message(head: string, body: Buffer): void {
     const [seqS, type, codeS] = head.split(' ');
     const seq = Number(seqS);
@@ -331,7 +335,7 @@ export class Spawner {
     const p = this.pending.get(seq);
     if (!p) return;
     if (type === 'o' || type === 'E') {
-      // Its own buffer (receive): a view would keep the whole read buffer alive for as long as the output is kept.
+      // Its own buffer (Frames): a view would keep the whole read buffer alive for as long as the output is kept.
       p.onOutput?.(type === 'o' ? 'out' : 'err', body);
       return;
     }

@@ -11,7 +11,7 @@ import { promisify } from 'node:util';
 import test from 'ava';
 import { loadConfig } from '../runtime/config.ts';
 import { ByteBudget } from '../runtime/limit.ts';
-import { resolveProgram, Spawner } from '../runtime/spawner.ts';
+import { Frames, resolveProgram, Spawner } from '../runtime/spawner.ts';
 
 const sh = promisify(execFile);
 const binDir = loadConfig().binDir;
@@ -79,6 +79,33 @@ test('held output is not read: the command blocks on its full pipe until it is l
   t.is((await c.exited).code, 0);
   await c.closed;
   t.is(got, 1048576);
+});
+
+test('messages are cut whole from reads however they fall: a header or a body across reads, empty bodies, several in one read', (t) => {
+  const msgs: Array<[string, string, number]> = [
+    ['1 o 0', 'x'.repeat(70_000), 0],
+    ['1 E 0', '', 0],
+    ['2 x 0', 'done', 0],
+    ['1 o 0', 'abc\n', 0],
+  ];
+  const stream = Buffer.concat(msgs.map(([h, b]) => Buffer.concat([Buffer.from(`${h} ${Buffer.byteLength(b)}\n`), Buffer.from(b)])));
+  // Every cut of the stream into three reads (sampled), one byte at a time, and the whole at once.
+  const cuts: number[][] = [[], Array.from({ length: stream.length - 1 }, (_, i) => i + 1)];
+  for (let a = 1; a < 40; a++) for (const b of [a + 1, 70_003, 70_012, 70_020, stream.length - 3]) if (b > a && b < stream.length) cuts.push([a, b]);
+  for (const cut of cuts) {
+    const got: Array<[string, string]> = [];
+    const f = new Frames((head, body) => got.push([head, body.toString()]));
+    let from = 0;
+    for (const c of [...cut, stream.length]) {
+      f.feed(stream.subarray(from, c));
+      from = c;
+    }
+    t.deepEqual(
+      got,
+      msgs.map(([h, b]) => [`${h} ${Buffer.byteLength(b)}`, b]),
+      `cut at ${cut.length > 3 ? 'every byte' : cut.join(',')}`,
+    );
+  }
 });
 
 test('byte budgets: a burst at once, then the rate; keys apart', (t) => {
