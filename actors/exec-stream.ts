@@ -8,7 +8,7 @@
 import { encodeOutputEvent, type ExecEvent, SendWindow } from '../protocol/index.ts';
 import type { OutputFlow } from '../runtime/backend.ts';
 
-/** Output kept per running stream: at 64 KiB chunks, the last eight of them. */
+/** Output kept per running stream: two full chunks (STREAM_CHUNK_BYTES), or more smaller ones. */
 export const STREAM_BUFFER_BYTES = 512 * 1024;
 /**
  * Output read in one turn of the event loop goes out as one event of up to this many bytes. A
