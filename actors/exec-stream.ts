@@ -96,9 +96,8 @@ export class ExecStream implements OutputFlow {
     const p = this.pending;
     if (!p) return;
     this.pending = undefined;
-    const framed = encodeOutputEvent(p.t, this.next, p.parts, p.bytes);
-    if (framed) this.send1({ t: p.t, d: framed.d }, send, framed.wire);
-    else this.send1({ t: p.t, d: p.parts.length === 1 ? (p.parts[0] as Uint8Array) : Buffer.concat(p.parts, p.bytes) }, send);
+    const { wire, d } = encodeOutputEvent(p.t, this.next, p.parts, p.bytes);
+    this.send1({ t: p.t, d }, send, wire);
   }
 
   /** Numbers, keeps and sends one event, after the output before it. */

@@ -33,18 +33,17 @@ export function decodeRequest(data: Uint8Array): Record<string, unknown> {
   throw new ProtocolError('INVALID_REQUEST', 'payload is not a MessagePack map: every request is a map of fields', { detail: { field: 'payload' } });
 }
 
-/** The fixed head of encodeOutputEvent's MessagePack: `{t, s, d}` with `s` a uint32 and `d` a bin32. */
-const OUTPUT_HEAD = 21;
+/** The fixed head of encodeOutputEvent's MessagePack: `{t, s, d}` with `s` a uint64 and `d` a bin32. */
+const OUTPUT_HEAD = 25;
 
 /**
  * A streamed exec's output event, `{t: 'out'|'err', s, d}`, as MessagePack written straight into
- * one buffer from the output's parts: the same bytes any decoder reads (`s` always a uint32, `d` a
- * bin32), with one copy of the output where joining the parts and then encoding made two. The
- * node streams ~100 MiB/s this way, and each copy is a fresh buffer V8 has to collect.
- * `d` is the output, a view of `wire`. Undefined when `s` does not fit a uint32.
+ * one buffer from the output's parts: the same bytes any decoder reads (`s` always a uint64, `d` a
+ * bin32: an event is at most STREAM_CHUNK_BYTES), with one copy of the output where joining the
+ * parts and then encoding made two. The node streams ~100 MiB/s this way, and each copy is a fresh
+ * buffer V8 has to collect. `d` is the output, a view of `wire`.
  */
-export function encodeOutputEvent(t: 'out' | 'err', s: number, parts: readonly Uint8Array[], bytes: number): { wire: Uint8Array; d: Uint8Array } | undefined {
-  if (!Number.isInteger(s) || s < 0 || s > 0xffffffff || bytes > 0xffffffff) return undefined;
+export function encodeOutputEvent(t: 'out' | 'err', s: number, parts: readonly Uint8Array[], bytes: number): { wire: Uint8Array; d: Uint8Array } {
   const wire = Buffer.allocUnsafe(OUTPUT_HEAD + bytes);
   let at = 0;
   wire[at++] = 0x83;
@@ -53,8 +52,8 @@ export function encodeOutputEvent(t: 'out' | 'err', s: number, parts: readonly U
   at = wire.write(t === 'out' ? '\xa3out' : '\xa3err', at, 'latin1') + at;
   wire[at++] = 0xa1;
   wire[at++] = 0x73;
-  wire[at++] = 0xce;
-  at = wire.writeUInt32BE(s, at);
+  wire[at++] = 0xcf;
+  at = wire.writeBigUInt64BE(BigInt(s), at);
   wire[at++] = 0xa1;
   wire[at++] = 0x64;
   wire[at++] = 0xc6;

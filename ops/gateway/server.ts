@@ -273,7 +273,7 @@ function handlers(o: GatewayContext): Record<string, Handler> {
             continue;
           }
           for (const [d] of slices(ev.data)) {
-            if (base64) await sse.event(ev.type, { data: Buffer.from(d.buffer, d.byteOffset, d.byteLength).toString('base64') });
+            if (base64) await sse.event(ev.type, { data: d.toString('base64') });
             else await sse.text(ev.type, text[ev.type].next(d));
           }
         }
@@ -336,7 +336,7 @@ function handlers(o: GatewayContext): Record<string, Handler> {
             continue;
           }
           for (const [d, at] of slices(ev.data)) {
-            if (base64) await sse.event(ev.type, { data: Buffer.from(d.buffer, d.byteOffset, d.byteLength).toString('base64'), offset: ev.offset + at });
+            if (base64) await sse.event(ev.type, { data: d.toString('base64'), offset: ev.offset + at });
             else await sse.text(ev.type, text[ev.type].next(d), ev.offset + at);
           }
         }

@@ -43,13 +43,10 @@ export class JsonText {
  */
 export const SSE_SLICE_BYTES = 64 * 1024;
 
-/** `d` in pieces of at most SSE_SLICE_BYTES, each with where it starts in `d`. */
-export function* slices(d: Uint8Array): Generator<[Uint8Array, number]> {
-  if (d.length <= SSE_SLICE_BYTES) {
-    yield [d, 0];
-    return;
-  }
-  for (let at = 0; at < d.length; at += SSE_SLICE_BYTES) yield [d.subarray(at, Math.min(d.length, at + SSE_SLICE_BYTES)), at];
+/** `d` in pieces of at most SSE_SLICE_BYTES (views, as Buffers), each with where it starts in `d`. */
+export function* slices(d: Uint8Array): Generator<[Buffer, number]> {
+  const b = Buffer.from(d.buffer, d.byteOffset, d.byteLength);
+  for (let at = 0; at < b.length; at += SSE_SLICE_BYTES) yield [b.subarray(at, at + SSE_SLICE_BYTES), at];
 }
 
 export interface JsonLiteral {
