@@ -11,6 +11,7 @@ import { join } from 'node:path';
 import { JetStreamApiError, jetstreamManager } from '@nats-io/jetstream';
 import { connect } from '@nats-io/transport-node';
 import anyTest, { type TestFn } from 'ava';
+import { STREAM_CHUNK_BYTES } from '../actors/exec-stream.ts';
 import { type NodeProcess, startNode } from '../ops/local.ts';
 import { natsFailure } from '../protocol/index.ts';
 import { type ExecStreamEvent, Paddock, PaddockError } from '../sdk/index.ts';
@@ -133,8 +134,10 @@ test.serial('output the node no longer holds comes back as a gap event with its 
   const { cluster, pdk } = t.context;
   const sb = await pdk.sandboxes.create({ image: 'busybox', memoryMiB: 64 });
   t.teardown(() => sb.kill().then(() => {}));
-  // 64 KiB while NATS is away, against a buffer of 4 KiB.
-  const script = "echo start; sleep 1; head -c 65536 /dev/zero | tr '\\0' x; echo; sleep 2; echo end";
+  // Three events' worth of output while NATS is away, against a buffer of 4 KiB: the newest event
+  // is kept whatever its size, so output that fits one event would all come back, with no gap.
+  const big = 3 * STREAM_CHUNK_BYTES;
+  const script = `echo start; sleep 1; head -c ${big} /dev/zero | tr '\\0' x; echo; sleep 2; echo end`;
   const r = await drain(sb.execStream(['sh', '-c', script]), async (n) => {
     if (n === 1) {
       await cluster.nats.stop();
@@ -146,7 +149,7 @@ test.serial('output the node no longer holds comes back as a gap event with its 
   t.is(r.gaps.length, 1, 'one explicit gap');
   t.true(r.out.startsWith('start\n') && r.out.endsWith('end\n'), r.out.slice(0, 40));
   // Every byte is either received or counted in the gap.
-  const total = 'start\n'.length + 65536 + 1 + 'end\n'.length;
+  const total = 'start\n'.length + big + 1 + 'end\n'.length;
   t.is(Buffer.byteLength(r.out) + (r.gaps[0]?.bytes ?? 0), total);
 });
 
