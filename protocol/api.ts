@@ -106,7 +106,7 @@ export const Operations: Operation[] = [
     kind: 'stream',
     request: 'ExecRequest',
     reply: 'ExecEvent',
-    replyNote: 'to the reply inbox: `{t:"out"|"err", d, s}` chunks (the output the node read in one turn of its loop, up to 64 KiB), then one `{t:"exit", …, s}`; a failure is `{t:"error"}` or a `{ok:false}` reply; `s` numbers the events from 0, a missing one is asked for again with exec.resume; with `window` (containers), the node sends at most that many output bytes past the last `exec.credit {execId, received}` (published, no reply; the offset of an exec.resume counts as one) and leaves the command’s output unread until the next: the SDK asks for 8 MiB',
+    replyNote: 'to the reply inbox: `{t:"out"|"err", d, s}` chunks (the output the node read in one turn of its loop, up to 256 KiB), then one `{t:"exit", …, s}`; a failure is `{t:"error"}` or a `{ok:false}` reply; `s` numbers the events from 0, a missing one is asked for again with exec.resume; with `window` (containers), the node sends at most that many output bytes past the last `exec.credit {execId, received}` (published, no reply; the offset of an exec.resume counts as one) and leaves the command’s output unread until the next: the SDK asks for 8 MiB',
     errors: [...sbErrors, 'PAYLOAD_TOO_LARGE', 'BACKEND_FAILED'],
     limits: `${REQ}; each chunk ≤ one NATS message; with rolloutId + step it is recorded whole at its end (2 × maxOutputBytes + 64 KiB must fit max_payload) and a replay streams the recorded output, its exit marked replayed`,
     timeout: 'timeoutMs + 10 s of silence',
