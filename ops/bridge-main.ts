@@ -8,7 +8,6 @@ import { hostname } from 'node:os';
 import { join } from 'node:path';
 import { connect, type NatsConnection } from '@nats-io/transport-node';
 import type { Logger } from 'pino';
-import { transitionInspector } from '../actors/inspect.ts';
 import { policyFromEnv } from '../bridge/config.ts';
 import { BridgeHost } from '../bridge/host.ts';
 import type { Provider } from '../bridge/provider.ts';
@@ -17,6 +16,7 @@ import { parseHosts, SshProvider } from '../bridge/providers/ssh/index.ts';
 import { DEFAULT_HOME, natsServers } from '../protocol/discovery.ts';
 import { nodeCommand } from './launch.ts';
 import { createLogger } from './log.ts';
+import { inspectorFor } from './telemetry.ts';
 
 export function providerFromEnv(env: NodeJS.ProcessEnv = process.env, home = env.PADDOCK_HOME || DEFAULT_HOME): Provider {
   const name = env.PADDOCK_BRIDGE_PROVIDER;
@@ -58,6 +58,7 @@ export async function startBridge(o: { natsUrl: string; nc?: NatsConnection; log
   const env = o.env ?? process.env;
   const log = o.log ?? createLogger('paddock-bridge');
   const nc = o.nc ?? (await connect({ servers: natsServers(o.natsUrl), name: 'paddock-bridge', maxReconnectAttempts: -1 }));
+  const inspect = inspectorFor(log);
   const host = new BridgeHost({
     nc,
     provider: o.provider ?? providerFromEnv(env),
@@ -65,7 +66,7 @@ export async function startBridge(o: { natsUrl: string; nc?: NatsConnection; log
     log,
     natsUrl: o.natsUrl,
     owner: o.owner ?? `${hostname()}-${process.pid}`,
-    inspect: transitionInspector(log),
+    ...(inspect ? { inspect } : {}),
     tag: env.PADDOCK_BRIDGE_TAG || 'default',
   });
   await host.start();

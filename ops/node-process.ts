@@ -9,7 +9,7 @@
 import { connect, type NatsConnection } from '@nats-io/transport-node';
 import type { Logger } from 'pino';
 import { FnHost } from '../actors/fncall-host.ts';
-import { type Inspector, transitionInspector } from '../actors/inspect.ts';
+import type { Inspector } from '../actors/inspect.ts';
 import { NodeHost } from '../actors/node-host.ts';
 import { PlacementHost } from '../actors/placement-host.ts';
 import { type ChronusConfig, loadChronusConfig } from '../chronus/config.ts';
@@ -25,6 +25,7 @@ import { MicrovmBackend } from '../runtime/microvm/index.ts';
 import type { MemoryReading } from '../runtime/pressure.ts';
 import { type NodeMetrics, startNodeMetrics } from './metrics.ts';
 import { placementOptions } from './placement-process.ts';
+import { inspectorFor } from './telemetry.ts';
 
 export interface NodeProcessOptions {
   /** What backends read beyond `cfg` (PADDOCK_SIM_CPU, …): default process.env. */
@@ -40,7 +41,7 @@ export interface NodeProcessOptions {
    * nodes in one process turns them off.
    */
   metrics?: boolean;
-  /** The transition inspector (default: one logging to `log`). */
+  /** The transition inspector (default: one logging to `log` when spans are exported or the log is at debug). */
   inspect?: Inspector;
   chronus?: ChronusConfig;
   /** Names the NATS connection (default `paddock-node-<id>`). */
@@ -143,7 +144,7 @@ export class NodeProcess {
       if (this.fn && cfg.fn.buildImages && !cfg.layers.store) service.buildImages({ imagesDir: cfg.imagesDir, copyFrom: cfg.fn.imagesFrom });
     }
 
-    const inspect = this.o.inspect ?? transitionInspector(log);
+    const inspect = this.o.inspect ?? inspectorFor(log);
     const snapshotBudgetMiB = positiveEnv(env, 'PADDOCK_SNAPSHOT_BUDGET_MIB', Limits.snapshotBudgetMiB.default);
     const host = new NodeHost({ nc, directory, nodes, snapshots, snapshotBudgetMiB, backends: this.backends, images: this.images, journal: this.journal, fn: this.fn, cfg, log, inspect, ...(this.o.readMemory ? { readMemory: this.o.readMemory } : {}) });
     this.host = host;

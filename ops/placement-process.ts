@@ -7,11 +7,11 @@
  */
 import { connect } from '@nats-io/transport-node';
 import type { Logger } from 'pino';
-import { transitionInspector } from '../actors/inspect.ts';
 import { PlacementHost, type PlacementOptions } from '../actors/placement-host.ts';
 import { natsServers } from '../protocol/discovery.ts';
 import { Buckets, ensureBucket, type FewerReplicas, fewerReplicasWarning, replicasFor } from '../protocol/index.ts';
 import type { NodeConfig } from '../runtime/config.ts';
+import { inspectorFor } from './telemetry.ts';
 
 export interface PlacementProcess {
   stop(): Promise<void>;
@@ -25,7 +25,7 @@ export async function startPlacement(o: { natsUrl: string; log: Logger; wait?: P
     // The directory bucket too: its reads are served here, and a replica may start before any node.
     await ensureBucket(nc, Buckets.sandboxes, { history: 1, replicas }, fewer);
     const nodes = await ensureBucket(nc, Buckets.nodes, { history: 1, replicas }, fewer);
-    const host = new PlacementHost(nc, nodes, o.log, transitionInspector(o.log), o.wait);
+    const host = new PlacementHost(nc, nodes, o.log, inspectorFor(o.log), o.wait);
     await host.start();
     return {
       stop: async () => {

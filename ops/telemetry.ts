@@ -11,17 +11,21 @@ import { Session } from 'node:inspector';
 import { hostname } from 'node:os';
 import { join } from 'node:path';
 import type { Writable } from 'node:stream';
-import { context, propagation } from '@opentelemetry/api';
+import { context, propagation, trace } from '@opentelemetry/api';
 import { AsyncLocalStorageContextManager } from '@opentelemetry/context-async-hooks';
 import { type ExportResult, ExportResultCode, hrTimeToMicroseconds, W3CTraceContextPropagator } from '@opentelemetry/core';
 import { OTLPTraceExporter } from '@opentelemetry/exporter-trace-otlp-http';
 import { detectResources, hostDetector, processDetector, resourceFromAttributes } from '@opentelemetry/resources';
 import { BatchSpanProcessor, type ReadableSpan, SimpleSpanProcessor, type SpanExporter, type SpanProcessor } from '@opentelemetry/sdk-trace-base';
 import { NodeTracerProvider } from '@opentelemetry/sdk-trace-node';
+import type { Logger } from 'pino';
+import { type Inspector, transitionInspector } from '../actors/inspect.ts';
 import { ROOT } from '../runtime/source.ts';
 import { rotatingLog } from './logfile.ts';
 
 let provider: NodeTracerProvider | undefined;
+/** Whether setupTelemetry gave spans an exporter (PADDOCK_TRACES). */
+let exporting = false;
 
 /** The package's version (service.version), from package.json at the root. */
 const VERSION = (() => {
@@ -81,6 +85,7 @@ export function setupTelemetry(serviceName: string, o: { mode?: string; tracesFi
   if (mode === 'file' || mode === 'console') processors.push(new SimpleSpanProcessor(new JsonLinesSpanExporter(o.tracesFile ?? `traces-${serviceName}.jsonl`)));
   else if (mode === 'otlp') processors.push(new BatchSpanProcessor(new OTLPTraceExporter()));
   else if (mode) throw new Error(`PADDOCK_TRACES=${mode}: expected file, console (the same) or otlp`);
+  exporting = Boolean(mode);
   // service.* by the resource conventions; host.* and process.* from the SDK's own detectors.
   const resource = resourceFromAttributes({
     'service.name': serviceName,
@@ -90,6 +95,28 @@ export function setupTelemetry(serviceName: string, o: { mode?: string; tracesFi
   }).merge(detectResources({ detectors: [hostDetector, processDetector] }));
   provider = new NodeTracerProvider({ resource, spanProcessors: processors });
   provider.register({ contextManager });
+}
+
+/**
+ * Spans leave this process: PADDOCK_TRACES gave them an exporter, or the embedding program
+ * registered a tracer provider of its own. The node's own provider, there for its metrics, does
+ * not count: metrics are made from request spans, not from their transition events.
+ */
+export function tracesExported(): boolean {
+  if (exporting) return true;
+  const global = trace.getTracerProvider() as { getDelegate?(): unknown };
+  const delegate = global.getDelegate?.() ?? global;
+  return delegate !== provider && (delegate as object).constructor?.name !== 'NoopTracerProvider';
+}
+
+/**
+ * The transition inspector, only where something reads what it makes: exported spans, or a log
+ * at debug. XState calls an inspector for every snapshot of every actor; on a simulated fleet
+ * that was ~12% of the CPU of a create (a sandbox's life is a dozen snapshots), spent making span
+ * events that no one exported and debug lines below the log's level.
+ */
+export function inspectorFor(log: Logger): Inspector | undefined {
+  return tracesExported() || log.isLevelEnabled('debug') ? transitionInspector(log) : undefined;
 }
 
 export async function shutdownTelemetry(): Promise<void> {

@@ -1,4 +1,5 @@
 /** The wire protocol: subjects, message schema and types, error codes, codec, validation. */
+import './nats-patch.ts';
 
 export type { Operation } from './api.ts';
 export { Operations, protocolJsonSchema, protocolTable } from './api.ts';

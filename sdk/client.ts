@@ -90,7 +90,9 @@ export class Paddock {
     const servers = natsServers(opts.servers ?? defaultServers());
     // A trainer outlives a NATS restart: keep reconnecting (calls meanwhile time out, as they would
     // against a slow server), and a streamed exec asks for what it missed once back (sandbox.ts).
-    const nc = await natsConnect({ servers, name: opts.name ?? 'paddock-sdk', maxReconnectAttempts: -1, reconnectTimeWait: 500 }).catch((err: unknown) => {
+    // noAsyncTraces: otherwise nats.js captures a stack trace for every request, in case it fails;
+    // the SDK's own errors carry the caller's stack.
+    const nc = await natsConnect({ servers, name: opts.name ?? 'paddock-sdk', maxReconnectAttempts: -1, reconnectTimeWait: 500, noAsyncTraces: true }).catch((err: unknown) => {
       throw new UnavailableError('UNAVAILABLE', `cannot connect to NATS at ${servers.join(',')}: ${(err as Error).message}`, { cause: err });
     });
     const pdk = new Paddock(nc, new Transport(nc, opts.timeoutMs ?? 60_000));

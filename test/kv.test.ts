@@ -9,25 +9,12 @@ import { jetstreamManager } from '@nats-io/jetstream';
 import { Kvm } from '@nats-io/kv';
 import { connect } from '@nats-io/transport-node';
 import test, { type ExecutionContext } from 'ava';
-import { startNats } from '../ops/nats.ts';
 import pino from 'pino';
 import { DirectoryHost } from '../actors/directory-host.ts';
 import { ENDED_SWEEP_KEY, PlacementHost } from '../actors/placement-host.ts';
 import { Buckets, claimPeriod, encode, ensureBucket, scanKv, scanKvEntries } from '../protocol/index.ts';
 import { Paddock } from '../sdk/index.ts';
-
-/** A nats-server of the test's own, with a connection, both gone at its end. */
-async function natsFor(t: ExecutionContext) {
-  const dir = await mkdtemp(join(tmpdir(), 'paddock-kv-'));
-  const nats = await startNats({ dataDir: dir });
-  const nc = await connect({ servers: nats.url });
-  t.teardown(async () => {
-    await nc.close();
-    await nats.stop();
-    await rm(dir, { recursive: true, force: true });
-  });
-  return { nats, nc };
-}
+import { natsFor } from './helpers/nats.ts';
 
 test('scanKv: the last value of every live key, also while the bucket is written; cancel and deadline end it', async (t) => {
   const { nc } = await natsFor(t);
