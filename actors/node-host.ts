@@ -155,6 +155,8 @@ export class NodeHost {
   /** Ended sandboxes whose final record did not reach the directory yet. */
   private readonly unwritten = new Map<string, SandboxHost>();
   private beatFailing = false;
+  /** The revision of the node record this node last wrote: the next heartbeat is written at it. */
+  private beatRevision?: number;
   /** Snapshots on this node's disk, by id (listed ones and forks' temporary ones). */
   private readonly snaps = new Map<string, HeldSnapshot>();
   /** Budget held for snapshots being written: each may take its VM's whole memory. */
@@ -368,7 +370,7 @@ export class NodeHost {
     try {
       // Images built while the node runs become placeable at the next beat.
       this.imageNames = await this.deps.images.list();
-      await this.deps.nodes.put(this.id, encode(this.record()));
+      await this.writeRecord();
       if (this.beatFailing) this.log.info('heartbeat written again');
       this.beatFailing = false;
     } catch (err) {
@@ -378,6 +380,43 @@ export class NodeHost {
       return;
     }
     await this.repair();
+  }
+
+  /**
+   * The heartbeat, written at the revision of the one before. A node that stalled (SIGSTOP, a
+   * paused VM, a loop blocked for longer than `lostAfterMs`) keeps its NATS connection, so nothing
+   * else tells it that a placement replica took it for lost meanwhile and marked its sandboxes
+   * `failed` / `node_lost` while they ran on. The replica's mark is a write of this record: the
+   * write here then fails, the record read back says `lostAt`, and every sandbox's true record
+   * is written again. The replica marks each sandbox only at the revision it scanned, so a record
+   * written back here is never overwritten by the mark.
+   */
+  private async writeRecord(): Promise<void> {
+    const data = encode(this.record());
+    const { nodes } = this.deps;
+    if (this.beatRevision !== undefined) {
+      try {
+        this.beatRevision = await nodes.update(this.id, data, this.beatRevision);
+        return;
+      } catch (err) {
+        // NATS away (the read fails too: the caller's outage path), or the record changed under
+        // this node: a replica's mark, or this node's own last write that timed out but landed.
+        const now = await nodes.get(this.id).catch(() => {
+          throw err;
+        });
+        const was = now?.operation === 'PUT' ? (decode(now.value) as Partial<NodeRecord>) : undefined;
+        this.beatRevision = await nodes.put(this.id, data);
+        if (was?.lostAt !== undefined) await this.writtenBack(was.lostAt);
+        return;
+      }
+    }
+    this.beatRevision = await nodes.put(this.id, data);
+  }
+
+  private async writtenBack(lostAt: number): Promise<void> {
+    this.log.warn({ lostAt, sandboxes: this.sandboxes.size }, 'this node was taken for lost while it stalled: writing its sandboxes back into the directory');
+    const r = await this.republish([...this.sandboxes.values(), ...this.unwritten.values()]);
+    this.log.info(r, 'sandbox records written back after the node was taken for lost');
   }
 
   /** Drain: the sandboxes keep running, no new ones come; the record says so at once, so placement skips the node. */

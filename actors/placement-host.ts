@@ -561,22 +561,49 @@ export class PlacementHost {
       // Silence in the table is not death: a node whose heartbeat writes time out behind a flood of
       // directory writes (a group pause of 32,000) still answers. Only one that does not is lost.
       if (await this.answers(r.node)) continue;
+      let marked: number;
       try {
-        await this.nodes.update(r.node, encode({ ...r, lostAt: now }), rev);
+        marked = await this.nodes.update(r.node, encode({ ...r, lostAt: now }), rev);
       } catch {
         continue; // another replica took it, or the node beat again
       }
       const kv = await this.directory.directory();
       const gone = (await scanKv<SandboxInfo>(kv)).filter((e) => e.value.node === r.node && !ENDED.has(e.value.state));
+      // A node that had only stalled writes its heartbeat over the mark and its sandboxes back
+      // (node-host writeRecord). If it did so during the scan, what the scan read may be its own
+      // write-back: leave it. A failed read of the record is no proof of life; the per-record
+      // revisions below still keep whatever the node writes from here on.
+      const since = await this.nodes.get(r.node).catch(() => null);
+      if (since && since.revision !== marked) {
+        this.log.info({ node: r.node }, 'a node taken for lost wrote its record again: its sandboxes are left as it wrote them');
+        continue;
+      }
       const silent = Math.round((now - r.ts) / 1000);
-      for (const { key, value } of gone) {
+      let n = 0;
+      for (const { key, value, revision } of gone) {
         const ended: SandboxInfo = { ...value, state: 'failed', reason: 'node_lost', endedAt: now, error: { code: 'BACKEND_FAILED', message: `node ${r.node} stopped answering (no heartbeat for ${silent} s): the sandbox is lost with it`, retryable: false } };
         const rec = encode(ended);
-        await kv.put(key, rec);
+        // At the revision scanned: a record the node wrote since (it was not lost after all) stays.
+        if (!(await this.markAt(kv, key, rec, revision))) continue;
+        n++;
         this.nc.publish(subjects.event(key, 'failed'), rec);
       }
-      this.log.warn({ node: r.node, silentSec: silent, sandboxes: gone.length }, 'node lost: its sandboxes are marked failed');
+      this.log.warn({ node: r.node, silentSec: silent, sandboxes: n }, 'node lost: its sandboxes are marked failed');
     }
+  }
+
+  /** Writes `rec` at `revision`; a failure that was not a newer write (a timeout) is tried once more. */
+  private async markAt(kv: KV, key: string, rec: Uint8Array, revision: number): Promise<boolean> {
+    for (let attempt = 0; attempt < 2; attempt++) {
+      try {
+        await kv.update(key, rec, revision);
+        return true;
+      } catch {
+        const now = await kv.get(key).catch(() => null);
+        if (now?.revision !== revision) return false;
+      }
+    }
+    return false;
   }
 
   /**

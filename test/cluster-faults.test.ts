@@ -10,11 +10,12 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
+import { Kvm } from '@nats-io/kv';
 import type { TestFn } from 'ava';
 import anyTest from 'ava';
 import { type NodeProcess, startNode } from '../ops/local.ts';
 import { type NatsCluster, startNatsCluster } from '../ops/nats.ts';
-import { decode, encode, type Reply, subjects } from '../protocol/index.ts';
+import { Buckets, decode, encode, type Reply, subjects } from '../protocol/index.ts';
 import { connectionOf } from '../sdk/client.ts';
 import { Paddock, PaddockError } from '../sdk/index.ts';
 import { SHARED_IMAGES } from './helpers/paths.ts';
@@ -207,6 +208,46 @@ test.serial('a rolling restart of every placement replica during a create burst 
     }, 60_000);
     t.truthy(listed);
     await pdk.groups.kill('rolling');
+  } finally {
+    await pdk.close();
+  }
+});
+
+test.serial('a node stopped long enough to be taken for lost writes its sandboxes back when it goes on', async (t) => {
+  const { nats, nodes } = t.context;
+  const victim = nodes[1] as NodeProcess;
+  const pdk = await Paddock.connect({ servers: nats.url, timeoutMs: 60_000 });
+  // Whatever happens below, the node is not left stopped: a stopped process ignores SIGTERM.
+  const resume = () => void victim.proc.kill('SIGCONT');
+  t.teardown(resume);
+  try {
+    const sbs = await Promise.all(Array.from({ length: 10 }, () => pdk.sandboxes.create({ backend: 'sim', group: 'stalled', node: victim.id })));
+    const ids = sbs.map((s) => s.id);
+    const states = async () => (await pdk.sandboxes.list({ group: 'stalled', all: true })).filter((s) => ids.includes(s.id));
+    victim.proc.kill('SIGSTOP');
+    try {
+      const marked = await eventually(async () => {
+        const l = await states();
+        return l.length === ids.length && l.every((s) => s.state === 'failed' && s.reason === 'node_lost') ? l : undefined;
+      }, 90_000);
+      t.truthy(marked, 'the stopped node was taken for lost and its sandboxes marked');
+    } finally {
+      resume();
+    }
+    const back = await eventually(async () => {
+      const l = await states();
+      return l.length === ids.length && l.every((s) => s.state === 'running' && s.reason === undefined) ? l : undefined;
+    }, 60_000);
+    t.truthy(back, 'every sandbox reads running again once the node goes on');
+    for (const sb of sbs) t.is((await sb.exec(['true'])).exitCode, 0);
+    const table = await new Kvm(connectionOf(pdk)).open(Buckets.nodes);
+    const record = await eventually(async () => {
+      const e = await table.get(victim.id);
+      const r = e?.operation === 'PUT' ? (decode(e.value) as { lostAt?: number; ts: number }) : undefined;
+      return r && r.lostAt === undefined && Date.now() - r.ts < 5000 ? r : undefined;
+    }, 30_000);
+    t.truthy(record, 'the node record carries fresh heartbeats and no lostAt');
+    await pdk.groups.kill('stalled');
   } finally {
     await pdk.close();
   }
