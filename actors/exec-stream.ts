@@ -21,6 +21,47 @@ export const STREAM_CHUNK_BYTES = 256 * 1024;
 /** How long a finished stream's last events stay: a caller reconnecting after the exit still finds it. */
 export const STREAM_KEEP_MS = 30_000;
 
+/**
+ * Output read in one turn of the event loop, joined: one stream's bytes until the turn ends, the
+ * other stream's come, or STREAM_CHUNK_BYTES are held. `at` is the offset of the first byte, for
+ * callers that address output by offset (a background process's readers).
+ */
+export class TurnBatch<T extends string = 'out' | 'err'> {
+  private pending: { t: T; parts: Uint8Array[]; bytes: number; at: number } | undefined;
+  private queued = false;
+
+  constructor(private readonly emit: (t: T, parts: Uint8Array[], bytes: number, at: number) => void) {}
+
+  /** Bytes held, not yet emitted. */
+  get bytes(): number {
+    return this.pending?.bytes ?? 0;
+  }
+
+  add(t: T, d: Uint8Array, at = 0): void {
+    if (d.length === 0) return;
+    if (this.pending && this.pending.t !== t) this.flush();
+    const p = this.pending ?? { t, parts: [], bytes: 0, at };
+    this.pending = p;
+    p.parts.push(d);
+    p.bytes += d.length;
+    if (p.bytes >= STREAM_CHUNK_BYTES) this.flush();
+    else if (!this.queued) {
+      this.queued = true;
+      setImmediate(() => {
+        this.queued = false;
+        this.flush();
+      });
+    }
+  }
+
+  flush(): void {
+    const p = this.pending;
+    if (!p) return;
+    this.pending = undefined;
+    this.emit(p.t, p.parts, p.bytes, p.at);
+  }
+}
+
 type Unnumbered = Exclude<ExecEvent, { t: 'gap' }>;
 type Numbered = Unnumbered & { s: number };
 
@@ -37,8 +78,12 @@ export class ExecStream implements OutputFlow {
   private readonly kept: Array<{ ev: Numbered; at: number; wire?: Uint8Array }> = [];
   private keptBytes = 0;
   /** Output not sent yet: one stream's, sent at the end of this turn of the event loop. */
-  private pending: { t: 'out' | 'err'; parts: Uint8Array[]; bytes: number } | undefined;
-  private flushQueued = false;
+  private readonly batch = new TurnBatch((t, parts, bytes) => {
+    const { wire, d } = encodeOutputEvent(t, this.next, parts, bytes);
+    this.send1({ t, d }, this.sending, wire);
+  });
+  /** Whether the batch's event goes out when flushed (false: numbered and kept, for a resume about to send it). */
+  private sending = true;
   done = false;
 
   constructor(
@@ -53,7 +98,7 @@ export class ExecStream implements OutputFlow {
 
   /** A window of output is out past the caller's last credit: the command should wait. */
   held(): boolean {
-    return !this.done && this.out.full(this.pending?.bytes ?? 0);
+    return !this.done && this.out.full(this.batch.bytes);
   }
 
   whenOpen(cb: () => void): void {
@@ -75,29 +120,17 @@ export class ExecStream implements OutputFlow {
 
   /** Output of the command: joined with what else came in this turn, up to STREAM_CHUNK_BYTES. */
   output(t: 'out' | 'err', d: Uint8Array): void {
-    if (d.length === 0) return;
-    if (this.pending && this.pending.t !== t) this.flush();
-    const p = this.pending ?? { t, parts: [], bytes: 0 };
-    this.pending = p;
-    p.parts.push(d);
-    p.bytes += d.length;
-    if (p.bytes >= STREAM_CHUNK_BYTES) this.flush();
-    else if (!this.flushQueued) {
-      this.flushQueued = true;
-      setImmediate(() => {
-        this.flushQueued = false;
-        this.flush();
-      });
-    }
+    this.batch.add(t, d);
   }
 
   /** `send` false: numbered and kept only, for a resume that is about to send it. */
   private flush(send = true): void {
-    const p = this.pending;
-    if (!p) return;
-    this.pending = undefined;
-    const { wire, d } = encodeOutputEvent(p.t, this.next, p.parts, p.bytes);
-    this.send1({ t: p.t, d }, send, wire);
+    this.sending = send;
+    try {
+      this.batch.flush();
+    } finally {
+      this.sending = true;
+    }
   }
 
   /** Numbers, keeps and sends one event, after the output before it. */
