@@ -13,7 +13,7 @@
  */
 
 import { Limits, type ProcessEvent, type ProcessInfo, ProtocolError } from '../protocol/index.ts';
-import { EXEC_KILLED, type ExecOutcome, type RunningProcess } from '../runtime/backend.ts';
+import { EXEC_KILLED, type ExecOutcome, type OutputFlow, type RunningProcess } from '../runtime/backend.ts';
 import { TurnBatch } from './exec-stream.ts';
 
 type Which = 'out' | 'err';
@@ -64,9 +64,17 @@ export class Ring {
 
 interface Reader {
   send: (ev: ProcessEvent) => void;
+  /** A holding reader's flow: the offsets it has credited, its window, and when it last credited. */
+  hold?: { window: number; stallMs: number; out: number; err: number; at: number };
 }
 
-export class TrackedProcess {
+/**
+ * A process's output flow (runtime OutputFlow, as a streamed exec's): while a holding reader has
+ * a window or more past its last credit, the backend leaves the process's output unread, so the
+ * process waits on its pipe. The ring holds everything sent and not yet credited (a window is at
+ * most half the buffer), so a reader that lost a message reads it again from its offsets.
+ */
+export class TrackedProcess implements OutputFlow {
   readonly out: Ring;
   readonly err: Ring;
   info: ProcessInfo;
@@ -76,6 +84,8 @@ export class TrackedProcess {
   private readonly readers = new Map<string, Reader>();
   private readonly waiters: Array<() => void> = [];
   readonly abort = new AbortController();
+  private waiting: Array<() => void> = [];
+  private stallTimer: NodeJS.Timeout | undefined;
   /**
    * What followers have not been sent yet: the output read in this turn, as one event. Sent as
    * read, a 48 MiB `dd` was 768 messages (a pipe read is ≤ 64 KiB, 4–8 KiB from a program that
@@ -89,7 +99,69 @@ export class TrackedProcess {
   constructor(id: string, cmd: string[], bufferBytes: number, extra: { tag?: string; pty?: { cols: number; rows: number } }) {
     this.out = new Ring(bufferBytes);
     this.err = new Ring(bufferBytes);
-    this.info = { id, cmd, state: 'running', startedAt: Date.now(), bytesOut: 0, bytesErr: 0, droppedOut: 0, droppedErr: 0, ...extra };
+    this.info = { id, cmd, state: 'running', startedAt: Date.now(), bytesOut: 0, bytesErr: 0, droppedOut: 0, droppedErr: 0, bufferBytes, ...extra };
+  }
+
+  /** Bytes a holding reader has been sent (or will be, this turn) past its last credit. */
+  private outstanding(h: NonNullable<Reader['hold']>): number {
+    return this.out.total - h.out + (this.err.total - h.err);
+  }
+
+  /** Some holding reader has a window or more out past its last credit: the process should wait. */
+  held(): boolean {
+    if (this.exited) return false;
+    for (const r of this.readers.values()) if (r.hold && this.outstanding(r.hold) >= r.hold.window) return true;
+    return false;
+  }
+
+  whenOpen(cb: () => void): void {
+    if (!this.held()) return cb();
+    this.waiting.push(cb);
+    this.watchStall();
+  }
+
+  /** A holding reader has every byte before these offsets. */
+  credit(readerId: string, out: number, err: number): boolean {
+    const h = this.readers.get(readerId)?.hold;
+    if (!h) return false;
+    // Offsets only move forward, and never past what was written: a late or forged credit changes nothing.
+    h.out = Math.max(h.out, Math.min(out, this.out.total));
+    h.err = Math.max(h.err, Math.min(err, this.err.total));
+    h.at = Date.now();
+    this.reopen();
+    return true;
+  }
+
+  private reopen(): void {
+    if (this.waiting.length === 0 || this.held()) return;
+    if (this.stallTimer) clearTimeout(this.stallTimer);
+    this.stallTimer = undefined;
+    const w = this.waiting;
+    this.waiting = [];
+    for (const cb of w) cb();
+  }
+
+  /**
+   * While the process waits, a holding reader that has credited nothing for its stallMs is let
+   * go: it went away (its client died without cancelling) or cannot keep up at all.
+   */
+  private watchStall(): void {
+    if (this.stallTimer) return;
+    let next = Number.POSITIVE_INFINITY;
+    for (const r of this.readers.values()) if (r.hold && this.outstanding(r.hold) >= r.hold.window) next = Math.min(next, r.hold.at + r.hold.stallMs);
+    if (next === Number.POSITIVE_INFINITY) return;
+    this.stallTimer = setTimeout(() => {
+      this.stallTimer = undefined;
+      const now = Date.now();
+      for (const [id, r] of this.readers) {
+        if (!r.hold || this.outstanding(r.hold) < r.hold.window || now < r.hold.at + r.hold.stallMs) continue;
+        this.readers.delete(id);
+        r.send({ t: 'error', error: { code: 'CANCELLED', message: `reader ${id} of process ${this.info.id} credited nothing for ${r.hold.stallMs} ms while the process waited on it: it was let go, and the process goes on`, retryable: true } });
+      }
+      this.reopen();
+      if (this.waiting.length > 0) this.watchStall();
+    }, Math.max(0, next - Date.now()));
+    this.stallTimer.unref?.();
   }
 
   get exited(): boolean {
@@ -121,10 +193,11 @@ export class TrackedProcess {
     }
     this.readers.clear();
     for (const w of this.waiters.splice(0)) w();
+    this.reopen();
   }
 
   /** Sends what is held from the offsets asked for, then (follow) every chunk as it comes until the exit. */
-  read(req: { out: number; err: number; follow: boolean; readerId?: string }, send: (ev: ProcessEvent) => void): void {
+  read(req: { out: number; err: number; follow: boolean; readerId?: string; window?: number; stallMs?: number }, send: (ev: ProcessEvent) => void): void {
     // Followers get what this turn read before a new reader joins: its held output below has it.
     this.batch.flush();
     for (const which of ['out', 'err'] as const) {
@@ -144,17 +217,23 @@ export class TrackedProcess {
     }
     const readerId = req.readerId ?? `r${Math.random().toString(36).slice(2)}`;
     this.readers.delete(readerId);
-    this.readers.set(readerId, { send });
+    // Credited from where it starts: what it asked to skip, or what the buffer no longer had.
+    const hold = req.window !== undefined ? { window: req.window, stallMs: req.stallMs ?? Limits.processes.stallMs.default, out: Math.min(Math.max(req.out, this.out.start), this.out.total), err: Math.min(Math.max(req.err, this.err.start), this.err.total), at: Date.now() } : undefined;
+    this.readers.set(readerId, hold ? { send, hold } : { send });
     // Oldest first: a client that went away without cancelling is the one let go.
     while (this.readers.size > Limits.processes.readersMax) {
       const [oldest, r] = this.readers.entries().next().value as [string, Reader];
       this.readers.delete(oldest);
       r.send({ t: 'error', error: { code: 'CANCELLED', message: `more than ${Limits.processes.readersMax} readers follow process ${this.info.id}: the oldest was stopped`, retryable: false } });
     }
+    // A reader that replaced one of the same id, or evicted one, may have let the process go on.
+    this.reopen();
   }
 
   unfollow(readerId: string): boolean {
-    return this.readers.delete(readerId);
+    const had = this.readers.delete(readerId);
+    this.reopen();
+    return had;
   }
 
   /** Resolves at the exit, or after `ms`. */

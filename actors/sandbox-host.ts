@@ -661,6 +661,7 @@ export class SandboxHost {
           ...(b.maxOutputBytes !== undefined ? { maxOutputBytes: b.maxOutputBytes } : {}),
           ...(b.pty ? { pty: b.pty } : {}),
           onOutput: (which, d) => entry.output(which, d),
+          flow: entry,
           signal: entry.abort.signal,
         }),
       );
@@ -684,8 +685,13 @@ export class SandboxHost {
     const reply = req.msg.reply;
     if (!reply) throw new ProtocolError('INVALID_REQUEST', 'process.output needs a reply subject');
     const entry = this.processes.get(b.id);
+    if (b.window !== undefined) {
+      if (!b.follow || b.readerId === undefined) throw new ProtocolError('INVALID_REQUEST', 'window: a holding reader follows the process and has a readerId (its credits name it)', { detail: { field: 'window' } });
+      const most = Math.floor((entry.info.bufferBytes ?? 0) / 2);
+      if (b.window > most) throw new ProtocolError('INVALID_REQUEST', `window: at most half the process's bufferBytes (${most}), so that what is not credited yet is still held; got ${b.window}`, { detail: { field: 'window', max: most } });
+    }
     const nc = this.deps.nc;
-    entry.read({ out: b.out, err: b.err, follow: b.follow, ...(b.readerId !== undefined ? { readerId: b.readerId } : {}) }, (ev: ProcessEvent) => {
+    entry.read({ out: b.out, err: b.err, follow: b.follow, ...(b.readerId !== undefined ? { readerId: b.readerId } : {}), ...(b.window !== undefined ? { window: b.window, ...(b.stallMs !== undefined ? { stallMs: b.stallMs } : {}) } : {}) }, (ev: ProcessEvent) => {
       try {
         nc.publish(reply, encode(ev));
       } catch (err) {
@@ -812,6 +818,11 @@ const HANDLERS: Record<SandboxVerb, (h: SandboxHost, req: Request) => Promise<un
   'process.output.cancel': async (h, req) => {
     const b = validateSandboxRequest('process.output.cancel', req.body);
     return { cancelled: h.processes.get(b.id).unfollow(b.readerId) };
+  },
+  'process.output.credit': async (h, req) => {
+    const b = validateSandboxRequest('process.output.credit', req.body);
+    h.processes.get(b.id).credit(b.readerId, b.out, b.err);
+    return {};
   },
 };
 

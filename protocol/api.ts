@@ -373,7 +373,7 @@ export const Operations: Operation[] = [
     kind: 'stream',
     request: 'ProcessOutputRequest',
     reply: 'ProcessEvent',
-    replyNote: 'to the reply inbox: `{t:"out"|"err", d, o}` chunks from the offsets asked for (`o`: the offset of the chunk in its stream), `{t:"gap", stream, o, bytes}` for bytes dropped before this reader got them, then `{t:"exit", …}` or, with follow: false, `{t:"end", out, err}`; no flow control',
+    replyNote: 'to the reply inbox: `{t:"out"|"err", d, o}` chunks from the offsets asked for (`o`: the offset of the chunk in its stream), `{t:"gap", stream, o, bytes}` for bytes dropped before this reader got them, then `{t:"exit", …}` or, with follow: false, `{t:"end", out, err}`; with `window` (a holding reader, containers), the node sends at most that many bytes past the last `process.output.credit {id, readerId, out, err}` (published, no reply: the offsets it has) and leaves the process’s output unread until the next; one that credits nothing for `stallMs` is let go with CANCELLED',
     errors: [...sbErrors],
     limits: `${Limits.processes.readersMax} following readers per process (the oldest is ended with an error past it)`,
     timeout: 'until exit; leave early with process.output.cancel',

@@ -31,6 +31,13 @@ export const Limits = {
     bufferBytes: { min: 4096, max: 16 * 1024 * 1024, default: 1024 * 1024 },
     inputMax: 1024 * 1024,
     readersMax: 16,
+    /**
+     * A holding reader (`window`) that credits nothing for this long while it holds the process
+     * is let go (CANCELLED) and the process goes on: a reader that went away cannot stop it for good.
+     */
+    stallMs: { min: 1000, max: 3_600_000, default: 60_000 },
+    /** A holding reader's window: at most half the process's buffer (checked by the node), so what it has not credited is still held. */
+    window: { min: 64 * 1024, max: 8 * 1024 * 1024 },
     cols: { min: 1, max: 1000, default: 80 },
     rows: { min: 1, max: 1000, default: 24 },
   },

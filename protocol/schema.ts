@@ -384,6 +384,7 @@ export const ProcessInfo = Type.Object(
     bytesErr: Count('stderr bytes it wrote, in all'),
     droppedOut: Count('stdout bytes no longer held (older than the newest `bufferBytes`)'),
     droppedErr: Count('stderr bytes no longer held'),
+    bufferBytes: Type.Optional(Count('the output it keeps per stream (a holding reader’s window is at most half of it)')),
     exitCode: Type.Optional(Type.Integer()),
     signal: Type.Optional(Type.String({ description: 'the signal that ended it, if one did (exitCode is then 128 + its number)' })),
     durationMs: Type.Optional(Type.Number()),
@@ -421,9 +422,22 @@ export const ProcessOutputRequest = Type.Object(
     out: Count('the stdout offset to start from (default 0: all that is held)'),
     err: Count('the stderr offset to start from'),
     follow: Type.Boolean({ default: true, description: 'keep sending as it comes until the exit (false: what is held now, then `end`)' }),
-    readerId: Type.Optional(Token('names this reader so that `process.output.cancel` can stop it')),
+    readerId: Type.Optional(Token('names this reader so that `process.output.cancel` can stop it (and, with `window`, `process.output.credit` credit it)')),
+    window: Type.Optional(
+      Type.Integer({
+        ...range(Limits.processes.window),
+        description:
+          'a holding reader (follow, with a readerId): the node sends it at most this many bytes (stdout and stderr together) past its last `process.output.credit` and leaves the process’s output unread meanwhile, so the process waits on its pipe; at most half the process’s `bufferBytes`; absent: the process never waits for this reader, which gets a `gap` for what its buffer dropped',
+      }),
+    ),
+    stallMs: Type.Optional(Type.Integer({ ...range(Limits.processes.stallMs), description: `a holding reader that credits nothing for this long while the process waits on it is let go with CANCELLED, and the process goes on (default ${Limits.processes.stallMs.default / 1000} s)` })),
   },
   { $id: 'ProcessOutputRequest' },
+);
+/** Published (no reply) by a holding reader: it has every byte before these offsets. */
+export const ProcessOutputCreditRequest = Type.Object(
+  { id: ProcessId, readerId: Token('the readerId of the holding `process.output`'), out: Count('the stdout offset it has read up to'), err: Count('the stderr offset it has read up to') },
+  { $id: 'ProcessOutputCreditRequest', additionalProperties: false },
 );
 export const ProcessOutputCancelRequest = Type.Object({ id: ProcessId, readerId: Token('the readerId of the `process.output` to stop') }, { $id: 'ProcessOutputCancelRequest' });
 export const ProcessOutputCancelReply = Type.Object({ cancelled: Type.Boolean() }, { $id: 'ProcessOutputCancelReply' });
@@ -1080,6 +1094,7 @@ export const NamedSchemas: Record<string, TSchema> = {
   ProcessOutputRequest,
   ProcessOutputCancelRequest,
   ProcessOutputCancelReply,
+  ProcessOutputCreditRequest,
   ProcessEvent,
   FilesReadRequest,
   FilesReadReply,

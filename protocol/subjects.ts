@@ -174,6 +174,7 @@ const RESENDABLE = new Set([
   'process.wait',
   'process.resize',
   'process.output.cancel',
+  'process.output.credit',
   'rollouts.attach',
   'rollouts.get',
   'rollouts.steps',

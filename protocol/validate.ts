@@ -48,6 +48,7 @@ import {
   ProcessInputRequest,
   ProcessKillRequest,
   ProcessOutputCancelRequest,
+  ProcessOutputCreditRequest,
   ProcessOutputRequest,
   ProcessResizeRequest,
   ProcessStartRequest,
@@ -387,6 +388,7 @@ export const SandboxRequests = {
   'process.resize': ProcessResizeRequest,
   'process.output': ProcessOutputRequest,
   'process.output.cancel': ProcessOutputCancelRequest,
+  'process.output.credit': ProcessOutputCreditRequest,
 } as const satisfies Record<SandboxVerb, TSchema>;
 
 /** A sandbox verb's request, checked against its schema (exec has its own: validateExec). */

@@ -64,6 +64,7 @@ export const SandboxVerbTable = {
   'process.resize': { states: RUNNING, wakes: true, capability: 'processes', request: 'ProcessResizeRequest', reply: 'Empty' },
   'process.output': { states: [...LIVE, 'stopping'], wakes: false, capability: 'processes', request: 'ProcessOutputRequest', reply: 'ProcessEvent' },
   'process.output.cancel': { states: [...LIVE, 'stopping'], wakes: false, capability: 'processes', request: 'ProcessOutputCancelRequest', reply: 'ProcessOutputCancelReply' },
+  'process.output.credit': { states: [...LIVE, 'stopping'], wakes: false, capability: 'processes', request: 'ProcessOutputCreditRequest', reply: 'Empty' },
   snapshot: { states: RUNNING, wakes: true, capability: 'snapshot', request: 'Empty', reply: 'SnapshotInfo' },
   fork: { states: RUNNING, wakes: true, capability: 'snapshot', request: 'ForkRequest', reply: 'ForkReply' },
   'ports.connect': { states: RUNNING, wakes: true, capability: 'ports', request: 'PortsConnectRequest', reply: 'PortEvent' },

@@ -252,6 +252,8 @@ export interface ProcessOptions {
   pty?: { cols: number; rows: number };
   /** Each chunk of output as it comes. */
   onOutput: (stream: 'out' | 'err', chunk: Buffer) => void;
+  /** Holding readers' flow (ExecOptions.flow): while held, the output is left unread and the process waits on its pipe. */
+  flow?: OutputFlow;
   /** Aborting kills its whole tree (reason EXEC_KILLED: verdict KILLED). */
   signal?: AbortSignal;
 }

@@ -6,7 +6,7 @@
  */
 import { createInbox, type Msg } from '@nats-io/transport-node';
 import { decode, encode, type ExecVerdict, Limits, type ProcessEvent, type ProcessInfo, type ProcessListReply, type Reply, subjects } from '../protocol/index.ts';
-import { CancelledError, errorFromWire } from './errors.ts';
+import { CancelledError, errorFromWire, InvalidRequestError } from './errors.ts';
 import type { Sandbox } from './sandbox.ts';
 import type { CallOptions, Transport } from './transport.ts';
 
@@ -46,8 +46,20 @@ export interface ProcessOutputOptions {
   from?: number | { stdout?: number; stderr?: number };
   /** Keep reading until it exits (default), or stop at what the node holds now. */
   follow?: boolean;
+  /**
+   * Every byte, at the loop's pace (containers): the process waits on its pipe while this reader
+   * is a window behind (1 MiB, or half the process's buffer if less), instead of this reader
+   * getting `gap`s for what the node's buffer dropped. A reader that takes nothing for `stallMs`
+   * (default 60 s) is let go with CANCELLED and the process goes on. Other readers' pace is the
+   * slowest holding reader's.
+   */
+  hold?: boolean;
+  stallMs?: number;
   signal?: AbortSignal;
 }
+
+/** A holding reader's window: what the process may get ahead of the loop. */
+const HOLD_WINDOW_BYTES = 1024 * 1024;
 
 /** A silent reader checks this often that the process and its sandbox still answer. */
 const PROBE_MS = 5000;
@@ -127,6 +139,26 @@ export class ProcessHandle {
     const from = typeof opts.from === 'number' ? { stdout: opts.from, stderr: opts.from } : (opts.from ?? {});
     const next = { out: from.stdout ?? 0, err: from.stderr ?? 0 };
     const follow = opts.follow ?? true;
+    let window: number | undefined;
+    if (opts.hold && follow) {
+      const buffer = this.info.bufferBytes ?? (await this.refresh()).bufferBytes;
+      if (buffer === undefined) throw new InvalidRequestError('INVALID_REQUEST', `hold: the node of sandbox ${this.sb.id} does not hold readers (it predates them)`);
+      window = Math.max(Limits.processes.window.min, Math.min(HOLD_WINDOW_BYTES, Math.floor(buffer / 2)));
+    }
+    /** The offsets last credited (a holding reader credits in steps of half its window). */
+    const credited = { out: next.out, err: next.err };
+    const credit = (force: boolean) => {
+      if (window === undefined || !readerId) return;
+      const taken = next.out - credited.out + (next.err - credited.err);
+      if (taken === 0 || (!force && taken < window / 2)) return;
+      credited.out = next.out;
+      credited.err = next.err;
+      try {
+        nc.publish(subjects.sandbox(this.sb.id, 'process.output.credit'), encode({ id: this.id, readerId, out: next.out, err: next.err }));
+      } catch {
+        // NATS away: the ask after the reconnect starts from these offsets anyway.
+      }
+    };
     const queue: Array<Msg | { again: true }> = [];
     let queued = 0;
     /** The node's sending was stopped because the loop fell QUEUED_MAX_BYTES behind. */
@@ -156,14 +188,18 @@ export class ProcessHandle {
       sub = nc.subscribe(inbox, {
         callback: (_e, m) => {
           push(m);
-          if (queued > QUEUED_MAX_BYTES && !behind) {
+          // A holding reader's queue is bounded by its window: the node waits for its credits.
+          if (window === undefined && queued > QUEUED_MAX_BYTES && !behind) {
             behind = true;
             cancel();
           }
         },
       });
       await t.connected(30_000, subject);
-      nc.publish(subject, encode({ id: this.id, out: next.out, err: next.err, follow, readerId }), { reply: inbox });
+      credited.out = next.out;
+      credited.err = next.err;
+      const hold = window !== undefined ? { window, ...(opts.stallMs !== undefined ? { stallMs: opts.stallMs } : {}) } : {};
+      nc.publish(subject, encode({ id: this.id, out: next.out, err: next.err, follow, readerId, ...hold }), { reply: inbox });
     };
     const stopReconnect = t.onReconnect(() => push({ again: true }));
     try {
@@ -176,6 +212,8 @@ export class ProcessHandle {
         }
         if (queue.length === 0) {
           if (opts.signal?.aborted) throw new CancelledError('CANCELLED', 'the output reader was cancelled');
+          // Everything received is taken: the node may be waiting for this credit.
+          credit(true);
           let timer: NodeJS.Timeout | undefined;
           const onAbort = () => wake?.();
           opts.signal?.addEventListener('abort', onAbort, { once: true });
@@ -222,6 +260,7 @@ export class ProcessHandle {
               },
               offset: at,
             };
+            credit(false);
             break;
           }
           case 'gap': {

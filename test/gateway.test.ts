@@ -134,6 +134,21 @@ test('processes through HTTP: start, input, output as Server-Sent Events from an
   const listed = await call(`/v1/sandboxes/${id}/processes`);
   t.true(listed.body.processes.some((p: { id: string; tag?: string }) => p.id === pid && p.tag === 'http'));
 
+  // A holding reader (hold=1): every byte of 1.3 MB, more than the process's 1 MiB buffer, and no gap.
+  const seq = (await call(`/v1/sandboxes/${id}/processes`, json({ cmd: 'echo ready; while [ ! -e /tmp/go ]; do sleep 0.05; done; seq 1 200000' }))).body.id as string;
+  let held = '';
+  const heldEvents: string[] = [];
+  for await (const e of sseEvents(await fetch(`${gw.url}/v1/sandboxes/${id}/processes/${seq}/output?hold=1`))) {
+    heldEvents.push(e.event);
+    if (e.event !== 'stdout') continue;
+    held += (e.data as { text: string }).text;
+    if (held === 'ready\n') t.is((await call(`/v1/sandboxes/${id}/files?path=/tmp/go`, { method: 'PUT', headers: { 'content-type': 'application/octet-stream' }, body: 'go' })).status, 200);
+  }
+  t.false(heldEvents.includes('gap'));
+  t.is(heldEvents.at(-1), 'exit');
+  t.is(held, `ready\n${Array.from({ length: 200_000 }, (_, i) => i + 1).join('\n')}\n`);
+  t.is((await call(`/v1/sandboxes/${id}/processes/${seq}/output?hold=2`)).status, 400);
+
   const sleeper = (await call(`/v1/sandboxes/${id}/processes`, json({ cmd: ['sleep', '1000'] }))).body.id as string;
   t.is((await call(`/v1/sandboxes/${id}/processes/${sleeper}/kill?signal=SIGKILL`, { method: 'POST' })).status, 200);
   let killed = await call(`/v1/sandboxes/${id}/processes/${sleeper}/wait`, { method: 'POST' });

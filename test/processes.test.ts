@@ -141,6 +141,83 @@ test('a follower that stops reading holds a bounded queue: what the node dropped
   t.true((gap as { bytes: number }).bytes > 8 * 1024 * 1024, `the gap: ${JSON.stringify(gap)}`);
 });
 
+const seqText = (n: number) => `${Array.from({ length: n }, (_, i) => i + 1).join('\n')}\n`;
+/** Prints `ready`, then waits for /tmp/go (written once the reader is known to follow), then `seq 1 n`. */
+const gated = (n: number) => ['sh', '-c', `echo ready; while [ ! -e /tmp/go ]; do sleep 0.05; done; seq 1 ${n}`];
+
+test('a holding reader gets every byte at its own pace: the process waits on its pipe while the reader is a window behind', async (t) => {
+  const sb = await t.context.pdk.sandboxes.create({});
+  t.teardown(() => sb.kill());
+  const p = await sb.processes.start(gated(400_000));
+  t.is(p.info.bufferBytes, 1024 * 1024);
+  let text = '';
+  let whileStalled: number | undefined;
+  for await (const ev of p.output({ hold: true })) {
+    if (ev.type === 'gap') return t.fail(`a gap: ${JSON.stringify(ev)}`);
+    if (ev.type === 'exit') {
+      t.is(ev.exitCode, 0);
+      break;
+    }
+    if (ev.type !== 'stdout') continue;
+    text += ev.text;
+    if (text === 'ready\n') await sb.files.write('/tmp/go', '');
+    else if (whileStalled === undefined && text.length > 100_000) {
+      // Not read for 1.5 s: unheld, seq writes all of its 2.7 MB in far less.
+      await new Promise((r) => setTimeout(r, 1500));
+      whileStalled = (await p.refresh()).bytesOut;
+    }
+  }
+  t.is(text, `ready\n${seqText(400_000)}`, 'every byte, in order, none twice');
+  t.true(whileStalled !== undefined && whileStalled < 1.5 * 1024 * 1024, `the process wrote ${whileStalled} bytes while its reader stalled`);
+});
+
+test('a holding reader that takes nothing for stallMs is let go with CANCELLED, and the process goes on', async (t) => {
+  const sb = await t.context.pdk.sandboxes.create({});
+  t.teardown(() => sb.kill());
+  const p = await sb.processes.start(gated(400_000));
+  const it = p.output({ hold: true, stallMs: 1000 })[Symbol.asyncIterator]();
+  const first = await it.next();
+  t.is((first.value as { text?: string }).text, 'ready\n');
+  await sb.files.write('/tmp/go', '');
+  // Not read for 3 s: the node lets this reader go after one.
+  await new Promise((r) => setTimeout(r, 3000));
+  const err = await t.throwsAsync(async () => {
+    for (;;) if ((await it.next()).done) break;
+  });
+  t.is((err as { code?: string }).code, 'CANCELLED', String(err));
+  t.regex(String(err), /credited nothing/);
+  const r = await p.wait();
+  t.is(r.exitCode, 0);
+  t.is((await p.refresh()).bytesOut, 6 + seqText(400_000).length, 'the process wrote all of its output once the reader was let go');
+  // A new holding reader of a new process holds it again (the stall of one reader did not turn holding off).
+  const q = await sb.processes.start(gated(400_000));
+  let got = '';
+  for await (const ev of q.output({ hold: true })) {
+    if (ev.type === 'gap') return t.fail('a gap');
+    if (ev.type === 'stdout') {
+      got += ev.text;
+      if (got === 'ready\n') await sb.files.write('/tmp/go', '');
+    }
+  }
+  t.is(got, `ready\n${seqText(400_000)}`);
+});
+
+test('bad holding reads are refused with INVALID_REQUEST', async (t) => {
+  const sb = await t.context.pdk.sandboxes.create({});
+  t.teardown(() => sb.kill());
+  const p = await sb.processes.start(['sleep', '30'], { bufferBytes: 256 * 1024 });
+  t.teardown(() => p.kill().catch(() => {}));
+  const ask = (body: object) => t.throwsAsync(sb.call('process.output', { id: p.id, out: 0, err: 0, ...body }), { instanceOf: InvalidRequestError });
+  t.regex((await ask({ follow: true, readerId: 'r1', window: 256 * 1024 }))?.message ?? '', /half the process's bufferBytes \(131072\)/);
+  t.regex((await ask({ follow: false, readerId: 'r1', window: 64 * 1024 }))?.message ?? '', /follows the process and has a readerId/);
+  t.regex((await ask({ follow: true, window: 64 * 1024 }))?.message ?? '', /readerId/);
+  t.regex((await ask({ follow: true, readerId: 'r1', window: 1000 }))?.message ?? '', /window/);
+  t.regex((await ask({ follow: true, readerId: 'r1', window: 64 * 1024, stallMs: 5 }))?.message ?? '', /stallMs/);
+  // A credit for no such reader, or one that reaches past what was written, changes nothing.
+  await sb.call('process.output.credit', { id: p.id, readerId: 'nobody', out: 1e9, err: 0 });
+  t.is((await p.refresh()).state, 'running');
+});
+
 test('a sandbox runs at most 64 processes at once: the next is PIDS_LIMIT', async (t) => {
   const sb = await t.context.pdk.sandboxes.create({ memoryMiB: 512 });
   t.teardown(() => sb.kill());

@@ -101,6 +101,7 @@ export const Routes: Route[] = [
       { name: 'stdout', in: 'query', description: 'stdout offset to start from (default 0)', schema: { type: 'integer' } },
       { name: 'stderr', in: 'query', description: 'stderr offset to start from (default 0)', schema: { type: 'integer' } },
       { name: 'follow', in: 'query', description: '`0`: only what the node holds now', schema: { type: 'boolean' } },
+      { name: 'hold', in: 'query', description: '`1`: every byte at this reader’s pace (containers): the process waits on its pipe while this response is a window behind, instead of the reader getting `gap`s; a reader that takes nothing for 60 s is let go (`event: error`, CANCELLED)', schema: { type: 'boolean' } },
       { name: 'encoding', in: 'query', description: '`base64` sends output bytes as `data` (base64) instead of `text`' },
     ],
     reply: 'ProcessEvents',

@@ -321,10 +321,14 @@ function handlers(o: GatewayContext): Record<string, Handler> {
       };
       const from = { stdout: offset('stdout'), stderr: offset('stderr') };
       const follow = str(q, 'follow') !== '0' && str(q, 'follow') !== 'false';
+      const holdArg = str(q, 'hold');
+      if (holdArg !== undefined && !['0', '1', 'true', 'false'].includes(holdArg)) throw new GatewayError('INVALID_REQUEST', 'hold: must be 1 or 0');
+      const hold = holdArg === '1' || holdArg === 'true';
       const base64 = str(q, 'encoding') === 'base64';
       await stream(o, req, reply, 'process', async (sse, signal) => {
         const text = { stdout: new JsonText(), stderr: new JsonText() };
-        for await (const ev of p.output({ from, follow, signal })) {
+        // Holding, the SSE writes' wait for the socket to drain is what paces the process.
+        for await (const ev of p.output({ from, follow, hold, signal })) {
           if (ev.type === 'exit' || ev.type === 'gap') await endText(sse, text);
           if (ev.type === 'exit') {
             const { type: _, ...rest } = ev;

@@ -380,7 +380,7 @@ export class ContainerBackend implements Backend, Snapshotting, SnapshotStore, P
     const done = judged(watch, this.rootOf(id), o.signal, (signal) =>
       execInContainer(
         { spawner: this.spawner(), crun: this.crun, idle: p.idle, root: this.crunRoot, id, pidFile: `${base}.pid`, process: p.process, stdinPath: fifo, fd3: o.pty !== undefined, onPid: told, output: { budget: this.output, sandbox: id } },
-        { cmd: argv, cwd: o.cwd ?? p.cwd, env: { ...p.env, ...o.env }, timeoutMs: o.timeoutMs ?? Number.POSITIVE_INFINITY, maxOutputBytes: o.maxOutputBytes ?? Number.POSITIVE_INFINITY, onOutput: o.onOutput, discard: true, signal },
+        { cmd: argv, cwd: o.cwd ?? p.cwd, env: { ...p.env, ...o.env }, timeoutMs: o.timeoutMs ?? Number.POSITIVE_INFINITY, maxOutputBytes: o.maxOutputBytes ?? Number.POSITIVE_INFINITY, onOutput: o.onOutput, ...(o.flow ? { flow: o.flow } : {}), discard: true, signal },
       ),
     ).finally(() => {
       stdin.destroy();

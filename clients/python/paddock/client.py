@@ -308,10 +308,14 @@ class Process:
     def resize(self, cols: int, rows: int, timeout: Optional[float] = None) -> None:
         self._sb._http.json("POST", self._path("/resize"), body={"cols": cols, "rows": rows}, timeout=timeout)
 
-    def output(self, stdout: int = 0, stderr: int = 0, follow: bool = True, timeout: Optional[float] = None) -> Iterator[Dict[str, Any]]:
+    def output(self, stdout: int = 0, stderr: int = 0, follow: bool = True, hold: bool = False,
+               timeout: Optional[float] = None) -> Iterator[Dict[str, Any]]:
         """Its output from byte offsets: ``{"event": "stdout"|"stderr", "text", "offset"}``, ``gap``
-        (bytes dropped before they were asked for), then ``exit`` (or ``end`` with follow=False)."""
-        q = {"stdout": stdout, "stderr": stderr, "follow": None if follow else "0"}
+        (bytes dropped before they were asked for), then ``exit`` (or ``end`` with follow=False).
+        ``hold=True``: every byte at this loop's pace (the process waits on its pipe while the loop is
+        a window behind, instead of ``gap`` events); a loop that takes nothing for 60 s is let go
+        with CANCELLED."""
+        q = {"stdout": stdout, "stderr": stderr, "follow": None if follow else "0", "hold": "1" if hold else None}
         res = self._sb._http.open("GET", self._path("/output"), query=q, headers={"accept": "text/event-stream"}, timeout=timeout or 3600.0)
         try:
             for ev in _sse(res):

@@ -57,6 +57,24 @@ class ClientTest(unittest.TestCase):
         with self.assertRaises(NotFoundError):
             self.sb.processes.get("p999")
 
+    def test_holding_reader(self):
+        # More than the process's 1 MiB buffer, read by a loop that stops for a while: every byte, no gap.
+        p = self.sb.processes.start("echo ready; while [ ! -e /tmp/go ]; do sleep 0.05; done; seq 1 200000")
+        text, events = "", []
+        for e in p.output(hold=True):
+            events.append(e["event"])
+            if e["event"] != "stdout":
+                continue
+            text += e["text"]
+            if text == "ready\n":
+                self.sb.files.write("/tmp/go", "")
+            elif len(events) == 3:
+                import time
+                time.sleep(1)
+        self.assertNotIn("gap", events)
+        self.assertEqual(events[-1], "exit")
+        self.assertEqual(text, "ready\n" + "".join("%d\n" % i for i in range(1, 200001)))
+
     def test_files(self):
         data = bytes(range(256)) * 5000
         self.assertEqual(self.sb.files.write("/work/py/data.bin", data), len(data))
