@@ -115,7 +115,10 @@ export class TrackedProcess implements OutputFlow {
   }
 
   whenOpen(cb: () => void): void {
-    if (!this.held()) return cb();
+    if (!this.held()) {
+      cb();
+      return;
+    }
     this.waiting.push(cb);
     this.watchStall();
   }
