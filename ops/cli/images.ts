@@ -32,8 +32,10 @@ export const IMAGE_USAGE = `Usage: paddock image <command>
   pull <name> --from STORE copy an image into the local store; layers are checked against their digests
   ls [--store STORE] [--json]          images of a store
   rm <name> [--store STORE]            forget an image (its layers stay until gc)
-  gc [--store STORE] [--grace-ms MS] [--json]
-                           remove layers no image names (and older than the grace, default 1 h)
+  gc [--store STORE] [--grace-ms MS] [--force] [--json]
+                           remove layers no image names, no running sandbox reads, and older than
+                           the grace (default 1 h); a node that does not say what its sandboxes
+                           read makes gc refuse, unless --force
   serve [--listen HOST:PORT] [--dir DIR]
                            serve a directory as a layer store over HTTP until Ctrl-C
   stats [NODE] [--json]    a node's layer cache: bytes fetched per layer, hits, misses, evictions
@@ -77,6 +79,54 @@ export async function runningStore(io: Pick<ImageCliIo, 'connect'>): Promise<str
   }
 }
 
+/**
+ * The layers running sandboxes read, as every node not marked lost says (mounted, or attached to
+ * a VM): a collection must keep them whatever names them. A node that does not answer may have
+ * sandboxes on layers no image names any more: gc then refuses (UNAVAILABLE) unless `force`.
+ */
+export async function layersInUse(io: Pick<ImageCliIo, 'connect'>, force: boolean): Promise<{ digests: string[]; note?: string }> {
+  const alone = { digests: [], note: 'no Paddock answers: the collection goes by images alone' };
+  if (!io.connect) return alone;
+  let pdk: Awaited<ReturnType<NonNullable<ImageCliIo['connect']>>>;
+  try {
+    pdk = await io.connect();
+  } catch {
+    return alone;
+  }
+  try {
+    let records: NodeRecord[];
+    try {
+      records = await pdk.nodes.list();
+    } catch {
+      return { digests: [], note: 'this NATS has no node table: the collection goes by images alone' };
+    }
+    const used = new Set<string>();
+    const silent: string[] = [];
+    for (const r of records) {
+      if (r.lostAt !== undefined) continue;
+      try {
+        const l = ((await pdk.nodes.info(r.node)) as { layers?: NodeLayerStats }).layers;
+        // A mount no sandbox uses is only kept warm for the next create, which no manifest asks for.
+        const mounted = new Set<string>();
+        for (const m of l?.mounted ?? []) {
+          mounted.add(m.digest);
+          if (m.sandboxes > 0) used.add(m.digest);
+        }
+        // A layer in use and not mounted is attached to a VM as a disk.
+        for (const x of l?.layers ?? []) if (x.users > 0 && !mounted.has(x.digest)) used.add(x.digest);
+      } catch {
+        silent.push(r.node);
+      }
+    }
+    if (silent.length > 0 && !force) {
+      throw new ProtocolError('UNAVAILABLE', `gc: node(s) ${silent.join(', ')} did not say which layers their sandboxes read; they are not marked lost, so they may still run some. Try again, or pass --force to collect anyway`);
+    }
+    return { digests: [...used], ...(silent.length > 0 ? { note: `--force: node(s) ${silent.join(', ')} did not answer; layers only their sandboxes read may be removed` } : {}) };
+  } finally {
+    await pdk.close().catch(() => {});
+  }
+}
+
 async function storeFor(flag: string | undefined, io: ImageCliIo): Promise<LayerStore> {
   return openStore(flag ?? process.env.PADDOCK_STORE_URL ?? (await runningStore(io)) ?? localDir());
 }
@@ -110,6 +160,7 @@ export async function imageCommand(argv: string[], io: ImageCliIo): Promise<numb
       from: { type: 'string' },
       store: { type: 'string' },
       json: { type: 'boolean' },
+      force: { type: 'boolean' },
       'grace-ms': { type: 'string' },
       listen: { type: 'string' },
       dir: { type: 'string' },
@@ -192,11 +243,13 @@ export async function imageCommand(argv: string[], io: ImageCliIo): Promise<numb
     case 'gc': {
       const grace = values['grace-ms'] === undefined ? 3600_000 : Number(values['grace-ms']);
       if (!Number.isFinite(grace) || grace < 0) throw new ImageUsageError('gc: --grace-ms must be a non-negative number');
+      const inUse = await layersInUse(io, values.force === true);
+      if (inUse.note) io.err.write(`paddock image gc: ${inUse.note}\n`);
       const s = await storeFor(values.store, io);
       try {
-        const r = await s.gc(grace);
-        if (values.json) io.out(`${JSON.stringify(r)}\n`);
-        else io.out(`removed ${r.removed.length} layer(s), ${human(r.freedBytes)} freed; ${r.kept} kept\n`);
+        const r = await s.gc(grace, inUse.digests);
+        if (values.json) io.out(`${JSON.stringify({ ...r, inUse: inUse.digests.length })}\n`);
+        else io.out(`removed ${r.removed.length} layer(s), ${human(r.freedBytes)} freed; ${r.kept} kept (${inUse.digests.length} read by running sandboxes)\n`);
       } finally {
         await s.close();
       }

@@ -21,7 +21,8 @@ export interface LayerStore {
   pushBlob(ref: LayerRef, file: string, indexFile: string): Promise<void>;
   /** Downloads a whole blob to `dest` as it is; the caller checks its digest. */
   download(digest: string, dest: string): Promise<void>;
-  gc(graceMs: number): Promise<GcResult>;
+  /** Removes unreferenced blobs older than `graceMs`; `inUse`: digests running sandboxes read, kept whatever names them. */
+  gc(graceMs: number, inUse?: Iterable<string>): Promise<GcResult>;
   /** An HTTP base URL serving the store's layout with Range requests, for nodes' lazy reads. */
   readUrl(): Promise<string | null>;
   close(): Promise<void>;

@@ -12,7 +12,7 @@ import { ProtocolError } from '../../protocol/index.ts';
 import { run } from '../proc.ts';
 import { httpRequest } from './http.ts';
 import type { GcResult, LayerStore } from './layer-store.ts';
-import { type BlobInfo, checkManifest, hexOf, IMAGE_NAME, type ImageManifest, type LayerRef } from './store.ts';
+import { type BlobInfo, checkManifest, hexOf, IMAGE_NAME, type ImageManifest, type LayerRef, sweepBlobs } from './store.ts';
 
 /** Bounded retries and timeouts: a store that stops answering must fail a command, not hang it. */
 const FLAGS = ['--contimeout', '10s', '--timeout', '30s', '--low-level-retries', '2', '--retries', '1'];
@@ -128,24 +128,12 @@ export class RcloneLayerStore implements LayerStore {
     await this.rclone(['copyto', this.path(`blobs/sha256/${hexOf(digest)}.erofs`), dest], { timeoutMs: 3600_000 });
   }
 
-  async gc(graceMs: number): Promise<GcResult> {
-    const used = new Set<string>();
-    for (const name of await this.list()) for (const l of (await this.get(name))?.layers ?? []) used.add(`sha256:${hexOf(l.digest)}`);
-    const removed: string[] = [];
-    let freedBytes = 0;
-    let kept = 0;
-    for (const b of await this.listBlobs()) {
-      if (used.has(b.digest) || Date.now() - b.mtimeMs < graceMs) {
-        kept++;
-        continue;
-      }
-      const hex = hexOf(b.digest);
+  gc(graceMs: number, inUse: Iterable<string> = []): Promise<GcResult> {
+    return sweepBlobs(this, graceMs, inUse, async (digest) => {
+      const hex = hexOf(digest);
       await this.rclone(['deletefile', this.path(`blobs/sha256/${hex}.erofs`)]);
       await this.rclone(['deletefile', this.path(`blobs/sha256/${hex}.idx`)], { allowFail: true });
-      removed.push(b.digest);
-      freedBytes += b.size;
-    }
-    return { removed, freedBytes, kept };
+    });
   }
 
   /** Starts `rclone serve http` on loopback (once) and resolves to its URL when it answers. */

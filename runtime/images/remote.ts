@@ -49,8 +49,8 @@ export class LocalLayerStore implements LayerStore {
     const { copyFile } = await import('node:fs/promises');
     await copyFile(this.store.blobPath(digest), dest);
   }
-  gc(graceMs: number) {
-    return this.store.gc(graceMs);
+  gc(graceMs: number, inUse?: Iterable<string>) {
+    return this.store.gc(graceMs, inUse);
   }
   async readUrl() {
     return null;
@@ -138,8 +138,9 @@ export class HttpLayerStore implements LayerStore {
       throw new ProtocolError('UNAVAILABLE', `layer store ${this.location}: ${(err as Error).message}`, { cause: err });
     }
   }
-  async gc(graceMs: number) {
-    const r = await this.call(`/gc?graceMs=${graceMs}`, { method: 'POST', timeoutMs: 600_000 });
+  async gc(graceMs: number, inUse: Iterable<string> = []) {
+    const body = Buffer.from(JSON.stringify({ inUse: [...inUse] }));
+    const r = await this.call(`/gc?graceMs=${graceMs}`, { method: 'POST', timeoutMs: 600_000, body, headers: { 'content-type': 'application/json' } });
     if (r.status !== 200) throw storeError('gc', r);
     return JSON.parse(r.body.toString()) as GcResult;
   }

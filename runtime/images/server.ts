@@ -26,6 +26,9 @@ import { checkManifest, type ImageStore } from './store.ts';
 const BLOB = /^\/blobs\/sha256\/([0-9a-f]{64})\.(erofs|idx)$/;
 const MANIFEST = /^\/manifests\/([a-z0-9][a-z0-9._-]{0,127}(?::[A-Za-z0-9._-]{1,128})?)\.json$/;
 const MANIFEST_MAX = 1024 * 1024;
+/** A gc's list of layers in use: 72 bytes a digest, for tens of thousands of layers. */
+const GC_BODY_MAX = 8 * 1024 * 1024;
+const DIGEST = /^sha256:[0-9a-f]{64}$/;
 
 /** Parses a single `bytes=a-b` / `bytes=a-` / `bytes=-n` range; null when absent, 'bad' when unsatisfiable. */
 export function parseRange(h: string | undefined, size: number): { start: number; end: number } | null | 'bad' {
@@ -136,7 +139,21 @@ export class StoreServer {
     if (path === '/gc' && method === 'POST') {
       const grace = Number(url.searchParams.get('graceMs') ?? 3600_000);
       if (!Number.isFinite(grace) || grace < 0) throw new ProtocolError('INVALID_REQUEST', 'graceMs: a non-negative number');
-      return send(res, 200, await this.store.gc(grace));
+      // {inUse: [digest…]}: layers running sandboxes read, kept whatever names them (an empty body: none).
+      const raw = (await readBody(req, GC_BODY_MAX)).toString('utf8').trim();
+      let inUse: string[] = [];
+      if (raw) {
+        let parsed: unknown;
+        try {
+          parsed = JSON.parse(raw);
+        } catch {
+          throw new ProtocolError('INVALID_REQUEST', 'gc: the body is not JSON');
+        }
+        const list = (parsed as { inUse?: unknown } | null)?.inUse ?? [];
+        if (!Array.isArray(list) || !list.every((d) => typeof d === 'string' && DIGEST.test(d))) throw new ProtocolError('INVALID_REQUEST', 'gc: inUse must be a list of sha256:<64 hex> digests');
+        inUse = list as string[];
+      }
+      return send(res, 200, await this.store.gc(grace, inUse));
     }
     return send(res, 404, { error: `no such path ${path}` });
   }

@@ -42,6 +42,41 @@ export interface ImageManifest {
   recipe?: string;
 }
 
+/**
+ * A collection's sweep, for every kind of store: removes each blob that no manifest names, that
+ * no running sandbox reads (`inUse`: digests the live nodes have mounted or attached), and that is
+ * older than `graceMs`. Sandboxes read their layers lazily for as long as they live, and a layer
+ * can lose its last manifest while they do (a fork's, a deleted snapshot's, an image removed with
+ * `image rm`): taken then, the sandbox's next unread chunk is an I/O error.
+ */
+export async function sweepBlobs(
+  store: { list(): Promise<string[]>; get(name: string): Promise<ImageManifest | null>; listBlobs(): Promise<BlobInfo[]> },
+  graceMs: number,
+  inUse: Iterable<string>,
+  remove: (digest: string) => Promise<void>,
+): Promise<{ removed: string[]; freedBytes: number; kept: number }> {
+  const used = new Set<string>();
+  for (const d of inUse) used.add(`sha256:${hexOf(d)}`);
+  for (const name of await store.list()) {
+    const m = await store.get(name).catch(() => null);
+    for (const l of m?.layers ?? []) used.add(`sha256:${hexOf(l.digest)}`);
+  }
+  const removed: string[] = [];
+  let freedBytes = 0;
+  let kept = 0;
+  const now = Date.now();
+  for (const b of await store.listBlobs()) {
+    if (used.has(b.digest) || now - b.mtimeMs < graceMs) {
+      kept++;
+      continue;
+    }
+    await remove(b.digest);
+    removed.push(b.digest);
+    freedBytes += b.size;
+  }
+  return { removed, freedBytes, kept };
+}
+
 export interface BlobInfo {
   digest: string;
   size: number;
@@ -230,34 +265,19 @@ export class ImageStore {
   }
 
   /**
-   * Removes blobs no manifest names. Blobs younger than `graceMs` stay: a push uploads blobs
-   * before its manifest, and a collection running in between must not take them.
+   * Removes blobs no manifest names and no running sandbox reads (`inUse`, see sweepBlobs).
+   * Blobs younger than `graceMs` stay: a push uploads blobs before its manifest, and a collection
+   * running in between must not take them.
    */
-  async gc(graceMs = 3600_000): Promise<{ removed: string[]; freedBytes: number; kept: number }> {
-    const used = new Set<string>();
-    for (const name of await this.list()) {
-      const m = await this.get(name).catch(() => null);
-      for (const l of m?.layers ?? []) used.add(`sha256:${hexOf(l.digest)}`);
-    }
-    const removed: string[] = [];
-    let freedBytes = 0;
-    let kept = 0;
+  async gc(graceMs = 3600_000, inUse: Iterable<string> = []): Promise<{ removed: string[]; freedBytes: number; kept: number }> {
     const now = Date.now();
-    for (const b of await this.listBlobs()) {
-      if (used.has(b.digest) || now - b.mtimeMs < graceMs) {
-        kept++;
-        continue;
-      }
-      await this.removeBlob(b.digest);
-      removed.push(b.digest);
-      freedBytes += b.size;
-    }
+    const r = await sweepBlobs(this, graceMs, inUse, (digest) => this.removeBlob(digest));
     // Scratch files of builds that died.
     for (const f of await readdir(join(this.root, 'tmp')).catch(() => [] as string[])) {
       const p = join(this.root, 'tmp', f);
       const s = await stat(p).catch(() => null);
       if (s && now - s.mtimeMs > Math.max(graceMs, 3600_000)) await rm(p, { recursive: true, force: true });
     }
-    return { removed, freedBytes, kept };
+    return r;
   }
 }
