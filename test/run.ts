@@ -22,6 +22,8 @@ function failedFiles(out: string): string[] {
   for (const m of out.matchAll(/✘ \[fail\]: ([a-z0-9-]+) ›/g)) files.add(`test/${m[1]}.test.ts`);
   for (const m of out.matchAll(/✘ \d+ tests? remaining in (test\/[^\s]+\.test\.ts)/g)) files.add(m[1] as string);
   for (const m of out.matchAll(/tests? (?:were|was) pending in (test\/[^\s]+\.test\.ts)/g)) files.add(m[1] as string);
+  // A worker ended from outside: one the watchdog took for hung (helpers/ava-run.ts), or a crash.
+  for (const m of out.matchAll(/✘ (test\/[^\s]+\.test\.ts) exited/g)) files.add(m[1] as string);
   return [...files].filter((f) => existsSync(join(root, f)));
 }
 

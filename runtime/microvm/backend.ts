@@ -43,12 +43,13 @@ import { createHash, randomBytes } from 'node:crypto';
 import { closeSync, existsSync, mkdirSync, openSync, readFileSync } from 'node:fs';
 import { chmod, chown, copyFile, mkdir, readdir, readFile, rename, rm, stat, writeFile } from 'node:fs/promises';
 import { createConnection, createServer, type Socket } from 'node:net';
-import { constants as osConstants } from 'node:os';
+import { constants as osConstants, release as osRelease } from 'node:os';
 import { basename, join } from 'node:path';
 import type { Logger } from 'pino';
 import { diskMiBOf, type FileEntry, Limits, type NetworkPolicy, ProtocolError, type SandboxSpec, type SandboxStats } from '../../protocol/index.ts';
 import { type Backend, type ExecOptions, type ExecOutcome, type HibernateOutcome, type MovableSnapshots, type SandboxFiles, type SnapshotImages, type SnapshotStore, type Snapshotting, type StoredState, verdictOf } from '../backend.ts';
 import { traversable } from '../ids.ts';
+import { run } from '../proc.ts';
 import type { LayerManager } from '../images/layers.ts';
 import type { ImageManifest, LayerRef } from '../images/store.ts';
 import { Egress } from '../network/egress.ts';
@@ -345,6 +346,8 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore, Mov
   private boot?: GuestBoot;
   private tsc?: number;
   accel = 'tcg';
+  /** Names this host's record that KVM cannot boot this guest (kvmFailedMarker). */
+  private kvmMarker?: string;
   onCrash?: (id: string, why: string) => void;
   private readonly jail: VmmJail;
   /** Egress of this backend's VMs: a table of its own beside the containers' (egress.ts). */
@@ -384,6 +387,27 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore, Mov
     this.ramhold = new RamHold(await buildStaticBinary(RAMHOLD_SOURCE, this.o.binDir, 'ramhold', 'Templates of VMs'));
     this.tsc = await hostTscKhz();
     this.accel = this.o.accel ?? (existsSync('/dev/kvm') ? 'kvm' : 'tcg');
+    if (this.accel === 'kvm' && !this.o.accel) {
+      this.kvmMarker = await this.kvmFailedMarker();
+      if (existsSync(this.kvmMarker)) this.accel = 'tcg';
+    }
+  }
+
+  /**
+   * A /dev/kvm that cannot boot this guest (PVM, without VT-x: QEMU aborts setting an MSR, or the
+   * kernel never answers) is found by the first template's boot, which then goes on under TCG.
+   * That verdict is kept per host, for this guest, QEMU and host kernel: a template's key names
+   * its accelerator, so a node that probed KVM anew at each start computed, before the probe
+   * failed again, another key than the one its VMs were made from, and removed the VMs of the run
+   * before as of another machine instead of taking them up.
+   */
+  private async kvmFailedMarker(): Promise<string> {
+    const qemu = await run(this.qemu, ['--version'], { allowFail: true, timeoutMs: 10_000 }).catch(() => ({ stdout: '' }));
+    const id = createHash('sha256')
+      .update(JSON.stringify([this.boot?.key, qemu.stdout, osRelease(), this.kind, this.machineArg]))
+      .digest('hex')
+      .slice(0, 16);
+    return join(this.o.binDir, 'microvm', `kvm-failed-${id}`);
   }
 
   private get qemu(): string {
@@ -512,7 +536,10 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore, Mov
       t = this.makeTemplate(key, shape, refs, image);
       this.templates.set(key, t);
       t.then(
-        (tmpl) => this.ramhold?.hold(join(tmpl.dir, 'mem')).catch((err: unknown) => this.o.log?.warn({ err, key }, `${this.kind}: holding a template's RAM file in the page cache failed`)),
+        // (A KVM key whose probe failed resolves to TCG's template, which holds its own.)
+        (tmpl) => {
+          if (tmpl.key === key) void this.ramhold?.hold(join(tmpl.dir, 'mem')).catch((err: unknown) => this.o.log?.warn({ err, key }, `${this.kind}: holding a template's RAM file in the page cache failed`));
+        },
         () => this.templates.delete(key),
       );
     }
@@ -523,41 +550,43 @@ export class MicrovmBackend implements Backend, Snapshotting, SnapshotStore, Mov
     const dir = join(this.root, 'templates', key);
     if (existsSync(join(dir, 'dev'))) return { key, dir, shape, refs };
     const tmp = `${dir}.tmp-${randomBytes(4).toString('hex')}`;
-    const accels = this.accel === 'kvm' && !this.o.accel ? ['kvm', 'tcg'] : [this.accel];
-    let last: unknown;
-    for (const accel of accels) {
-      this.accel = accel;
-      let vmm: Vmm | undefined;
-      try {
+    const accel = this.accel;
+    let vmm: Vmm | undefined;
+    try {
+      await rm(tmp, { recursive: true, force: true });
+      vmm = await this.start(tmp, shape, { path: join(tmp, 'mem'), share: true }, []);
+      const agent = await AgentChannel.open(sockPath(tmp, 'agent.sock'));
+      // The KVM probe is this boot: a kernel that cannot run under it never answers.
+      await withTimeout(this.ping(agent, BOOT_TIMEOUT_MS), accel === 'kvm' ? 30_000 : BOOT_TIMEOUT_MS, 'the template guest did not answer');
+      await this.prepareTemplate(agent, image, tmp);
+      agent.close();
+      await vmm.qmp.cmd('stop');
+      await vmm.qmp.cmd('migrate-set-capabilities', { capabilities: [{ capability: 'x-ignore-shared', state: true }] });
+      await migrateTo(senderOf(vmm), join(tmp, 'dev'));
+      await vmm.qmp.cmd('quit').catch(() => {});
+      await vmm.exited;
+      for (const f of [...SOCKETS, 'qemu.pid']) await rm(f.endsWith('.sock') ? sockPath(tmp, f) : join(tmp, f), { force: true });
+      await shareReadOnly(tmp);
+      await rename(tmp, dir).catch(async (e: NodeJS.ErrnoException) => {
+        // Made meanwhile by a node sharing the directory: use theirs.
+        if (e.code !== 'ENOTEMPTY' && e.code !== 'EEXIST') throw e;
         await rm(tmp, { recursive: true, force: true });
-        vmm = await this.start(tmp, shape, { path: join(tmp, 'mem'), share: true }, []);
-        const agent = await AgentChannel.open(sockPath(tmp, 'agent.sock'));
-        // The KVM probe is this boot: a kernel that cannot run under it never answers.
-        await withTimeout(this.ping(agent, BOOT_TIMEOUT_MS), accel === 'kvm' ? 30_000 : BOOT_TIMEOUT_MS, 'the template guest did not answer');
-        await this.prepareTemplate(agent, image, tmp);
-        agent.close();
-        await vmm.qmp.cmd('stop');
-        await vmm.qmp.cmd('migrate-set-capabilities', { capabilities: [{ capability: 'x-ignore-shared', state: true }] });
-        await migrateTo(senderOf(vmm), join(tmp, 'dev'));
-        await vmm.qmp.cmd('quit').catch(() => {});
-        await vmm.exited;
-        for (const f of [...SOCKETS, 'qemu.pid']) await rm(f.endsWith('.sock') ? sockPath(tmp, f) : join(tmp, f), { force: true });
-        await shareReadOnly(tmp);
-        await rename(tmp, dir).catch(async (e: NodeJS.ErrnoException) => {
-          // Made meanwhile by a node sharing the directory: use theirs.
-          if (e.code !== 'ENOTEMPTY' && e.code !== 'EEXIST') throw e;
-          await rm(tmp, { recursive: true, force: true });
-        });
-        this.o.log?.info({ key, accel, shape: { ...shape, layers: shape.layers.length } }, `${this.kind} template booted`);
-        return { key, dir, shape, refs };
-      } catch (e) {
-        last = e;
-        await this.stopVmm(vmm);
-        await rm(tmp, { recursive: true, force: true });
-        if (accel === 'kvm') this.o.log?.warn({ err: e }, 'microvm: a guest does not boot under KVM here: TCG from now on');
+      });
+      this.o.log?.info({ key, accel, shape: { ...shape, layers: shape.layers.length } }, `${this.kind} template booted`);
+      return { key, dir, shape, refs };
+    } catch (e) {
+      await this.stopVmm(vmm);
+      await rm(tmp, { recursive: true, force: true });
+      // The KVM probe failed: TCG from now on, and for the nodes this host starts later. The
+      // template is made under TCG's key, not this one: it is TCG's machine.
+      if (accel !== 'kvm' || this.o.accel) throw e;
+      this.o.log?.warn({ err: e }, 'microvm: a guest does not boot under KVM here: TCG from now on');
+      if (this.accel === 'kvm') {
+        this.accel = 'tcg';
+        if (this.kvmMarker) await writeFile(this.kvmMarker, `${(e as Error).message}\n`).catch(() => {});
       }
+      return this.template(shape, refs, image);
     }
-    throw last;
   }
 
   /** A VMM started for this template and waiting for its state. */

@@ -23,6 +23,14 @@ export interface AvaRun {
 
 const SILENCE_REPORT_MS = 5 * 60_000;
 const LONG_FILE_MS = 10 * 60_000;
+/**
+ * A test file that has finished no test for this long is taken for hung, and its worker is
+ * killed: ava then counts the file failed, and `npm test` runs it again on its own. Without this
+ * a hung file held the run until its budget (ava's own timeout waits while another file's test
+ * has a long `t.timeout`, as the full VMs' image build has), and the run failed with no retry.
+ * Every test here finishes in minutes; the slowest, a first desktop image build, in under 15.
+ */
+const HUNG_FILE_MS = Number(process.env.PADDOCK_TEST_HUNG_MIN || 15) * 60_000;
 
 /** Every process by pid: its parent, age in seconds and command line. */
 function processTable(): Map<number, { ppid: number; age: number; args: string }> {
@@ -63,6 +71,32 @@ function status(marks: string): string {
   return lines.length > 0 ? lines.join('\n') : '  no test file is running';
 }
 
+/**
+ * Ends a hung worker and what it started: SIGTERM first to the processes under it (a node then
+ * removes its sandboxes, a nats-server its locks), SIGKILL to all that is left 15 s later.
+ */
+function endTree(pid: number): void {
+  const table = processTable();
+  const under: number[] = [];
+  const walk = (p: number) => {
+    for (const [c, q] of table) {
+      if (q.ppid !== p) continue;
+      under.push(c);
+      walk(c);
+    }
+  };
+  walk(pid);
+  const send = (p: number, sig: NodeJS.Signals) => {
+    try {
+      process.kill(p, sig);
+    } catch {}
+  };
+  for (const p of under) send(p, 'SIGTERM');
+  setTimeout(() => {
+    for (const p of [...under, pid]) send(p, 'SIGKILL');
+  }, 15_000).unref();
+}
+
 export function runAva(args: string[], o: { env?: Record<string, string>; budgetMs: number; label: string }): Promise<AvaRun> {
   const marks = mkdtempSync(join(tmpdir(), 'paddock-ava-marks-'));
   const started = Date.now();
@@ -72,16 +106,21 @@ export function runAva(args: string[], o: { env?: Record<string, string>; budget
     // A process group of its own: past the budget, ava and every worker go at once.
     const p = spawn(ava, args, { cwd: root, stdio: ['ignore', 'pipe', 'pipe'], detached: true, env: { ...process.env, ...o.env, PADDOCK_TEST_MARKS: marks } });
     let out = '';
+    /** When each file (by ava's name for it, `name ›`) last finished a test. */
+    const finished = new Map<string, number>();
     const take = (write: (d: Buffer) => void) => (d: Buffer) => {
       write(d);
-      out += d.toString();
+      const s = d.toString();
+      out += s;
       last = Date.now();
+      for (const m of s.matchAll(/(?:✔|✘ \[fail\]:) ([^\s›]+) ›/g)) finished.set(m[1] as string, last);
     };
     p.stdout.on('data', take((d) => process.stdout.write(d)));
     p.stderr.on('data', take((d) => process.stderr.write(d)));
     const say = (s: string) => process.stdout.write(`\npaddock: ${o.label}: ${s}\n`);
     let reported = Date.now();
     const long = new Set<string>();
+    const killed = new Set<string>();
     // When each file was first and last seen running: the slowest are printed at the end, so a
     // run's time can be told apart by file.
     const spans = new Map<string, { first: number; last: number }>();
@@ -109,7 +148,20 @@ export function runAva(args: string[], o: { env?: Record<string, string>; budget
       } else if (now - last > SILENCE_REPORT_MS && now - reported > SILENCE_REPORT_MS) {
         reported = now;
         say(`no output for ${Math.round((now - last) / 60_000)} min (${Math.round((now - started) / 60_000)} min in). Running now:\n${status(marks)}`);
-      } else {
+      }
+      for (const m of readdirSync(marks)) {
+        if (killed.has(m)) continue;
+        try {
+          const f = readFileSync(join(marks, m), 'utf8').replace(root, '');
+          const name = f.replace(/^test\//, '').replace(/\.test\.ts$/, '');
+          const since = Math.max(statSync(join(marks, m)).mtimeMs, finished.get(name) ?? 0);
+          if (now - since < HUNG_FILE_MS) continue;
+          killed.add(m);
+          say(`${f} has finished no test for ${Math.round((now - since) / 60_000)} min: taken for hung, its worker is killed (the file counts as failed and is run again on its own). Running now:\n${status(marks)}`);
+          endTree(Number(m));
+        } catch {}
+      }
+      if (!overBudget && !(now - last > SILENCE_REPORT_MS && now - reported > SILENCE_REPORT_MS)) {
         const slow = readdirSync(marks).filter((m) => !long.has(m) && now - statSync(join(marks, m)).mtimeMs > LONG_FILE_MS);
         if (slow.length > 0) {
           for (const m of slow) long.add(m);
