@@ -9,6 +9,7 @@ import { join } from 'node:path';
 import type { TestFn } from 'ava';
 import anyTest from 'ava';
 import { type LocalCluster, type NodeProcess, startLocalCluster, startNode } from '../../ops/local.ts';
+import { connectionOf } from '../../sdk/client.ts';
 import { Paddock } from '../../sdk/index.ts';
 
 import { SHARED_IMAGES } from './paths.ts';
@@ -41,8 +42,12 @@ export async function startTestCluster(opts: { nodes?: number; env?: Record<stri
 
 export async function stopTestCluster(c: ClusterContext | undefined): Promise<void> {
   if (!c) return;
-  // A client that is reconnecting to a NATS a test stopped must not hold the teardown up.
+  // A client that is reconnecting to a NATS a test stopped must not hold the teardown up; nor,
+  // once the teardown is done, keep the worker alive for ever (it reconnects without end).
   await Promise.race([c.pdk.close().catch(() => {}), new Promise((r) => setTimeout(r, 5000).unref())]);
+  await connectionOf(c.pdk)
+    .close()
+    .catch(() => {});
   await c.cluster.stop();
   if (!process.env.PADDOCK_TEST_KEEP_HOME) await rm(c.home, { recursive: true, force: true });
 }
