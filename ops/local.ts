@@ -59,6 +59,16 @@ export async function startNode(o: StartNodeOptions): Promise<NodeProcess> {
     proc.stderr?.pipe(log, { end: false });
   }
   const exited = new Promise<number>((r) => proc.on('exit', (c, s) => r(c ?? (s ? 128 : 1))));
+  // What the node started and that outlives a node killed with SIGKILL, by design (its layer
+  // server, lxcfs: its sandboxes run on for the next node to take up), holds the write ends of
+  // these pipes: read on, they kept the caller (a test worker, `paddock up`) alive with nothing
+  // left to wait for. What the node itself wrote has arrived by the time they go.
+  void exited.then(() =>
+    setTimeout(() => {
+      proc.stdout?.destroy();
+      proc.stderr?.destroy();
+    }, 2000).unref(),
+  );
   let tail = '';
   const readiness = new Promise<void>((resolve, reject) => {
     const timer = setTimeout(() => reject(new Error(`node ${o.id} not ready after ${o.readyTimeoutMs ?? 120_000} ms: ${tail.slice(-2000)}`)), o.readyTimeoutMs ?? 120_000);
