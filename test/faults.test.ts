@@ -14,7 +14,7 @@ import anyTest, { type TestFn } from 'ava';
 import { STREAM_CHUNK_BYTES } from '../actors/exec-stream.ts';
 import { type NodeProcess, startNode } from '../ops/local.ts';
 import { natsFailure } from '../protocol/index.ts';
-import { type ExecStreamEvent, Paddock, PaddockError } from '../sdk/index.ts';
+import { type ExecStreamEvent, Paddock, PaddockError, type Sandbox } from '../sdk/index.ts';
 import { type ClusterContext, SHARED_IMAGES, startTestCluster, stopTestCluster } from './helpers/cluster.ts';
 import { paddockUp } from './helpers/up.ts';
 import { eventually } from './helpers/wait.ts';
@@ -235,14 +235,23 @@ test.serial('paddock up restarts a nats-server and a node that died, and stops N
   // in their records: no orphan keeps running, and none that was made is lost.
   // Placement ran in the killed node: the creates it held end when the SDK's probe finds no
   // replica holding them, as UNAVAILABLE (placement_lost), not at their timeout (TIMEOUT).
-  const creates = Array.from({ length: 20 }, () => pdk.sandboxes.create({ image: 'busybox', memoryMiB: 64 }, { timeoutMs: 120_000 }));
-  const made = await eventually(async () => {
-    const mine = (await pdk.sandboxes.list({ node: first.node })).filter((s) => s.id !== sb.id);
-    return mine.length >= 4 ? mine : undefined;
-  }, 120_000);
-  t.truthy(made, 'four creates went through before the kill');
-  process.kill(first.nodePid as number, 'SIGKILL');
+  // The kill comes as the fourth create is answered, not once a listing shows four: under load the
+  // listing lagged until all 20 were made, and none was left in flight to fail.
+  const made: Sandbox[] = [];
+  let killed = false;
+  const creates = Array.from({ length: 20 }, () =>
+    pdk.sandboxes.create({ image: 'busybox', memoryMiB: 64 }, { timeoutMs: 120_000 }).then((s) => {
+      if (killed) return s;
+      made.push(s);
+      if (made.length >= 4) {
+        killed = true;
+        process.kill(first.nodePid as number, 'SIGKILL');
+      }
+      return s;
+    }),
+  );
   const settled = await Promise.allSettled(creates);
+  t.true(killed, 'four creates went through before the kill');
   const failed = settled.flatMap((s) => (s.status === 'rejected' ? [s.reason as PaddockError] : []));
   t.true(failed.length > 0, 'some creates were in flight at the kill');
   for (const err of failed) {
@@ -257,7 +266,7 @@ test.serial('paddock up restarts a nats-server and a node that died, and stops N
   }, 120_000);
   t.truthy(third, up.out());
   t.true(alive(third?.natsPid), 'NATS stayed up while the node was down');
-  const held = [...new Set([sb.id, ...(made ?? []).map((s) => s.id), ...settled.flatMap((s) => (s.status === 'fulfilled' ? [s.value.id] : []))])];
+  const held = [...new Set([sb.id, ...made.map((s) => s.id), ...settled.flatMap((s) => (s.status === 'fulfilled' ? [s.value.id] : []))])];
   const recs = await eventually(async () => {
     const all = await pdk.sandboxes.list({ all: true, node: first.node });
     const r = held.map((id) => all.find((x) => x.id === id));
@@ -267,7 +276,7 @@ test.serial('paddock up restarts a nats-server and a node that died, and stops N
   const kept = (recs ?? []).filter((x) => x?.state === 'running').map((x) => x?.id as string);
   for (const rec of recs ?? []) if (rec?.state === 'failed') t.is(rec.reason, 'node_restarted');
   // The one made before the faults, and the four made before the kill, ran through it, files and all.
-  for (const id of [sb.id, ...(made ?? []).map((s) => s.id)]) t.true(kept.includes(id), `${id} taken up`);
+  for (const id of [sb.id, ...made.map((s) => s.id)]) t.true(kept.includes(id), `${id} taken up`);
   t.is((await sb.exec(['cat', '/tmp/state'])).stdout, 'kept');
   // No record claims a sandbox runs that does not (those listed besides the kept ones are creates
   // whose caller was told they may have been made: they were), nothing of the failed ones is left
