@@ -68,7 +68,7 @@ test('image gc keeps a layer running sandboxes read, whatever names it, and refu
 
   // A node record that is not marked lost, of a node that does not answer: gc refuses.
   const nodes = await new Kvm(connectionOf(pdk)).open(Buckets.nodes);
-  const ghost: NodeRecord = { node: `ghost${process.pid}`, backends: ['container'], images: [], capacity: { cpu: 1, memoryMiB: 1024, sandboxes: 1 }, allocated: { cpu: 0, memoryMiB: 0, sandboxes: 0 }, sandboxes: 1, heartbeatMs: 500, ts: Date.now() - 4000, state: 'serving' } as NodeRecord;
+  const ghost: NodeRecord = { node: `ghost${process.pid}`, backends: ['container'], images: [], capacity: { cpu: 1, memoryMiB: 1024, sandboxes: 1 }, allocated: { cpu: 0, memoryMiB: 0, sandboxes: 0 }, sandboxes: 1, heartbeatMs: 500, ts: Date.now(), state: 'serving' } as NodeRecord;
   await nodes.put(ghost.node, encode(ghost));
   const refused = await t.throwsAsync(gc());
   t.regex(String((refused as { stderr?: string }).stderr), new RegExp(`UNAVAILABLE|${ghost.node}`));
