@@ -54,11 +54,16 @@ export class TurnBatch<T extends string = 'out' | 'err'> {
     }
   }
 
-  flush(): void {
+  /** What is held, taken out without being emitted (its owner sends it its own way). */
+  take(): { t: T; parts: Uint8Array[]; bytes: number; at: number } | undefined {
     const p = this.pending;
-    if (!p) return;
     this.pending = undefined;
-    this.emit(p.t, p.parts, p.bytes, p.at);
+    return p;
+  }
+
+  flush(): void {
+    const p = this.take();
+    if (p) this.emit(p.t, p.parts, p.bytes, p.at);
   }
 }
 
@@ -78,12 +83,7 @@ export class ExecStream implements OutputFlow {
   private readonly kept: Array<{ ev: Numbered; at: number; wire?: Uint8Array }> = [];
   private keptBytes = 0;
   /** Output not sent yet: one stream's, sent at the end of this turn of the event loop. */
-  private readonly batch = new TurnBatch((t, parts, bytes) => {
-    const { wire, d } = encodeOutputEvent(t, this.next, parts, bytes);
-    this.send1({ t, d }, this.sending, wire);
-  });
-  /** Whether the batch's event goes out when flushed (false: numbered and kept, for a resume about to send it). */
-  private sending = true;
+  private readonly batch = new TurnBatch((t, parts, bytes) => this.sendOutput(t, parts, bytes, true));
   done = false;
 
   constructor(
@@ -125,12 +125,13 @@ export class ExecStream implements OutputFlow {
 
   /** `send` false: numbered and kept only, for a resume that is about to send it. */
   private flush(send = true): void {
-    this.sending = send;
-    try {
-      this.batch.flush();
-    } finally {
-      this.sending = true;
-    }
+    const p = this.batch.take();
+    if (p) this.sendOutput(p.t, p.parts, p.bytes, send);
+  }
+
+  private sendOutput(t: 'out' | 'err', parts: Uint8Array[], bytes: number, send: boolean): void {
+    const { wire, d } = encodeOutputEvent(t, this.next, parts, bytes);
+    this.send1({ t, d }, send, wire);
   }
 
   /** Numbers, keeps and sends one event, after the output before it. */

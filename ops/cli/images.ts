@@ -60,23 +60,30 @@ function localDir(): string {
   return loadConfig().imagesDir;
 }
 
-/** The store the live nodes read, when a Paddock answers (first node's, if they differ). */
-export async function runningStore(io: Pick<ImageCliIo, 'connect'>): Promise<string | undefined> {
-  if (!io.connect) return undefined;
-  let pdk: Awaited<ReturnType<NonNullable<ImageCliIo['connect']>>>;
+type PaddockLink = Awaited<ReturnType<NonNullable<ImageCliIo['connect']>>>;
+
+/** `f` on a connection to the running Paddock; `none` when there is no Paddock to connect to. */
+async function withPaddock<T>(io: Pick<ImageCliIo, 'connect'>, none: T, f: (pdk: PaddockLink) => Promise<T>): Promise<T> {
+  if (!io.connect) return none;
+  let pdk: PaddockLink;
   try {
     pdk = await io.connect();
   } catch {
-    return undefined;
+    return none;
   }
   try {
-    const now = Date.now();
-    return (await pdk.nodes.list()).find((r) => now - r.ts < 3 * r.heartbeatMs && r.store)?.store;
-  } catch {
-    return undefined;
+    return await f(pdk);
   } finally {
     await pdk.close().catch(() => {});
   }
+}
+
+/** The store the live nodes read, when a Paddock answers (first node's, if they differ). */
+export function runningStore(io: Pick<ImageCliIo, 'connect'>): Promise<string | undefined> {
+  return withPaddock(io, undefined, async (pdk) => {
+    const now = Date.now();
+    return (await pdk.nodes.list().catch(() => [])).find((r) => now - r.ts < 3 * r.heartbeatMs && r.store)?.store;
+  });
 }
 
 /**
@@ -84,16 +91,8 @@ export async function runningStore(io: Pick<ImageCliIo, 'connect'>): Promise<str
  * a VM): a collection must keep them whatever names them. A node that does not answer may have
  * sandboxes on layers no image names any more: gc then refuses (UNAVAILABLE) unless `force`.
  */
-export async function layersInUse(io: Pick<ImageCliIo, 'connect'>, force: boolean): Promise<{ digests: string[]; note?: string }> {
-  const alone = { digests: [], note: 'no Paddock answers: the collection goes by images alone' };
-  if (!io.connect) return alone;
-  let pdk: Awaited<ReturnType<NonNullable<ImageCliIo['connect']>>>;
-  try {
-    pdk = await io.connect();
-  } catch {
-    return alone;
-  }
-  try {
+export function layersInUse(io: Pick<ImageCliIo, 'connect'>, force: boolean): Promise<{ digests: string[]; note?: string }> {
+  return withPaddock(io, { digests: [], note: 'no Paddock answers: the collection goes by images alone' }, async (pdk) => {
     let records: NodeRecord[];
     try {
       records = await pdk.nodes.list();
@@ -122,9 +121,7 @@ export async function layersInUse(io: Pick<ImageCliIo, 'connect'>, force: boolea
       throw new ProtocolError('UNAVAILABLE', `gc: node(s) ${silent.join(', ')} did not say which layers their sandboxes read; they are not marked lost, so they may still run some. Try again, or pass --force to collect anyway`);
     }
     return { digests: [...used], ...(silent.length > 0 ? { note: `--force: node(s) ${silent.join(', ')} did not answer; layers only their sandboxes read may be removed` } : {}) };
-  } finally {
-    await pdk.close().catch(() => {});
-  }
+  });
 }
 
 async function storeFor(flag: string | undefined, io: ImageCliIo): Promise<LayerStore> {
